@@ -1,0 +1,173 @@
+"""Input bounds, checked before anything is written.
+
+Each check raises `ValidationError` naming the field, so the API can answer
+with a 4xx that says which part of the request is wrong. The same checks run
+in the store (for library users) and in the API (for HTTP users).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runlease.errors import ValidationError
+
+DEFAULT_MAX_INPUT_BYTES = 256 * 1024
+MAX_EVENT_BYTES = 64 * 1024
+MAX_STEP_RESULT_BYTES = 1024 * 1024
+MAX_ERROR_MESSAGE_CHARS = 4096
+
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
+LEASE_S_MIN, LEASE_S_MAX = 1, 3600
+AGING_S_MAX = 7 * 24 * 3600
+MAX_IN_FLIGHT_MAX = 1_000_000
+TENANT_MAX_CHARS = 128
+KEY_MAX_CHARS = 255
+POOL_MAX_CHARS = 48
+
+# Pool names become part of a NOTIFY channel name (63 bytes at most) and follow
+# Kubernetes naming, since a pool is usually an AgentRunPool's metadata.name.
+_POOL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+_PRINTABLE_RE = re.compile(r"^[^\x00-\x20\x7f]+$")
+_EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+
+
+def _int(field: str, value: object, lo: int, hi: int) -> int:
+    # bool is an int in Python but never a sensible priority or count.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field, f"must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValidationError(field, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _text(field: str, value: object, max_chars: int, pattern: re.Pattern[str]) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(field, f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise ValidationError(field, "must not be empty")
+    if len(value) > max_chars:
+        raise ValidationError(field, f"must be at most {max_chars} characters, got {len(value)}")
+    if not pattern.match(value):
+        raise ValidationError(field, f"has characters that are not allowed: {value[:40]!r}")
+    return value
+
+
+def check_tenant(value: object) -> str:
+    return _text("tenant_id", value, TENANT_MAX_CHARS, _PRINTABLE_RE)
+
+
+def check_pool(value: object) -> str:
+    if isinstance(value, str) and len(value) > POOL_MAX_CHARS:
+        raise ValidationError(
+            "pool", f"must be at most {POOL_MAX_CHARS} characters, got {len(value)}"
+        )
+    if isinstance(value, str) and value and not _POOL_RE.match(value):
+        raise ValidationError(
+            "pool", "must be lowercase letters, digits and '-', starting and ending alphanumeric"
+        )
+    return _text("pool", value, POOL_MAX_CHARS, _POOL_RE)
+
+
+def check_idempotency_key(value: object) -> str:
+    return _text("idempotency_key", value, KEY_MAX_CHARS, _PRINTABLE_RE)
+
+
+def check_priority(value: object) -> int:
+    return _int("priority", value, PRIORITY_MIN, PRIORITY_MAX)
+
+
+def check_max_attempts(value: object) -> int:
+    return _int("max_attempts", value, MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX)
+
+
+def check_lease_s(value: object) -> int:
+    return _int("lease_s", value, LEASE_S_MIN, LEASE_S_MAX)
+
+
+def check_max_in_flight(field: str, value: object) -> int:
+    return _int(field, value, 0, MAX_IN_FLIGHT_MAX)
+
+
+def check_aging_s(value: object) -> int:
+    return _int("priority_aging_s", value, 0, AGING_S_MAX)
+
+
+def json_text(field: str, value: object, max_bytes: int) -> str:
+    """Serialize to the JSON text that will be stored, enforcing the size bound.
+
+    PostgreSQL's jsonb rejects NaN/Infinity and the NUL character, so those are
+    refused here with a field name instead of surfacing as a database error.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(field, f"is not representable as JSON: {exc}") from None
+    if "\\u0000" in text:
+        raise ValidationError(field, "must not contain the NUL character")
+    size = len(text.encode())
+    if size > max_bytes:
+        raise ValidationError(field, f"is {size} bytes, over the bound of {max_bytes} bytes")
+    return text
+
+
+def check_object(field: str, value: object, max_bytes: int) -> str:
+    if not isinstance(value, Mapping):
+        raise ValidationError(field, f"must be a JSON object, got {type(value).__name__}")
+    return json_text(field, dict(value), max_bytes)
+
+
+def check_event_kind(value: object) -> str:
+    if not isinstance(value, str) or not _EVENT_KIND_RE.match(value):
+        raise ValidationError(
+            "kind", "must be 1-64 characters: a lowercase letter, then letters, digits, _ . -"
+        )
+    return value
+
+
+def check_step_key(value: object) -> str:
+    return _text("step_key", value, KEY_MAX_CHARS, re.compile(r"^[^\x00]+$"))
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits one run may use; enforced by the worker's RunContext."""
+
+    max_turns: int | None = None
+    max_tool_calls: int | None = None
+    deadline_s: float | None = None
+
+    FIELDS = ("max_turns", "max_tool_calls", "deadline_s")
+
+    @classmethod
+    def parse(cls, value: object) -> Budget:
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise ValidationError("budget", f"must be a JSON object, got {type(value).__name__}")
+        unknown = sorted(set(value) - set(cls.FIELDS))
+        if unknown:
+            raise ValidationError(
+                f"budget.{unknown[0]}", f"unknown budget field; known: {', '.join(cls.FIELDS)}"
+            )
+        turns = value.get("max_turns")
+        tools = value.get("max_tool_calls")
+        deadline = value.get("deadline_s")
+        if turns is not None:
+            _int("budget.max_turns", turns, 1, 100_000)
+        if tools is not None:
+            _int("budget.max_tool_calls", tools, 0, 1_000_000)
+        if deadline is not None:
+            if isinstance(deadline, bool) or not isinstance(deadline, int | float):
+                raise ValidationError("budget.deadline_s", "must be a number of seconds")
+            if not math.isfinite(deadline) or not 0 < deadline <= 30 * 24 * 3600:
+                raise ValidationError("budget.deadline_s", "must be > 0 and at most 30 days")
+        return cls(max_turns=turns, max_tool_calls=tools, deadline_s=deadline)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}

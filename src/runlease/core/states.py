@@ -1,0 +1,64 @@
+r"""The run state machine, drawn once.
+
+All times are the database's `now()`. `attempts` counts claims; `lease_epoch`
+is the fencing token minted by every claim.
+
+                         request_cancel
+        +-----------------------------------------------------------+
+        |                                                           v
+    enqueue --> [pending] --claim--> [leased] --ack--------------> [done]
+                 ^  ^  ^               | | | \
+                 |  |  |   nack        | | |  \--fail / nack at max /
+                 |  |  +---(backoff)---+ | |      reap at max ---> [dead] --redrive--+
+                 |  +------reap----------+ |                                         |
+                 |         release (drain, attempt not charged)                      |
+                 +-------------------------------------------------------------------+
+                                           |
+                        request_cancel sets cancel_requested_at,
+                        the worker finalizes ----------------------> [cancelled]
+
+    claim      pending, available_at <= now, no cancel, tenant under its limit -> leased;
+               attempts += 1, lease_epoch += 1, locked_by = worker, locked_until = now + lease
+    heartbeat  leased & mine -> locked_until = now + lease
+    ack        leased & mine -> done
+    nack       leased & mine -> pending at now + min(300, 5 * 2^(attempts-1)) s,
+               or dead when attempts >= max_attempts
+    fail       leased & mine -> dead
+    release    leased & mine -> pending now, attempts -= 1
+    cancel     pending -> cancelled at once; leased -> cancel_requested_at, NOTIFY
+    finalize   leased & mine & cancel requested -> cancelled
+    reap       leased & locked_until < now -> pending, or dead ('lease_expired') at max
+    redrive    dead -> pending, attempts reset
+
+"mine" is the fencing triple (locked_by, lease_epoch, status = 'leased'); a
+write that matches zero rows raises `LeaseLost`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    LEASED = "leased"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({RunStatus.DONE, RunStatus.DEAD, RunStatus.CANCELLED})
+
+
+class ErrorCode(StrEnum):
+    """Error codes the queue itself writes; agents may write their own."""
+
+    LEASE_EXPIRED = "lease_expired"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    RETRYABLE = "retryable"
+    FATAL = "fatal"
+    UNEXPECTED = "unexpected"

@@ -1,0 +1,1 @@
+"""The queue on PostgreSQL: schema, migrations, named statements and the store."""

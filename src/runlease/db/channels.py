@@ -1,0 +1,19 @@
+"""LISTEN/NOTIFY channel names, in one place. Payloads carry ids only.
+
+NOTIFY is not durable: every listener also polls, so a lost notification
+costs latency, never a run.
+"""
+
+from __future__ import annotations
+
+# Enqueue, release, reap and redrive notify "<prefix><pool>" with the pool name.
+# Pool names are at most 48 characters, so the channel fits PostgreSQL's 63.
+POOL_CHANNEL_PREFIX = "runlease_pool_"
+# request_cancel notifies the run id of a leased run.
+CANCEL_CHANNEL = "runlease_cancel"
+# Every recorded event notifies "<run id>:<last seq>".
+EVENTS_CHANNEL = "runlease_events"
+
+
+def pool_channel(pool: str) -> str:
+    return POOL_CHANNEL_PREFIX + pool

@@ -1,0 +1,130 @@
+"""Typed rows the store returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from typing import Any, Self
+from uuid import UUID
+
+from runlease.core.states import RunStatus
+
+
+def _pick(cls: type[Any], row: dict[str, Any]) -> dict[str, Any]:
+    # Rows may carry more columns than the dataclass (a newer schema, or
+    # statement extras such as `inserted`); take the ones we know.
+    return {f.name: row[f.name] for f in fields(cls) if f.name in row}
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    id: UUID
+    pool: str
+    tenant_id: str
+    status: RunStatus
+    priority: int
+    attempts: int
+    max_attempts: int
+    lease_epoch: int
+    available_at: datetime
+    input_json: dict[str, Any]
+    budget_json: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    fair_seq: int = 0
+    locked_until: datetime | None = None
+    locked_by: str | None = None
+    cancel_requested_at: datetime | None = None
+    result_json: Any = None
+    idempotency_key: str | None = None
+    event_seq: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        values = _pick(cls, row)
+        values["status"] = RunStatus(values["status"])
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What a worker holds after a claim: the run and its fencing token."""
+
+    run: Run
+    worker: str
+
+    @property
+    def run_id(self) -> UUID:
+        return self.run.id
+
+    @property
+    def epoch(self) -> int:
+        return self.run.lease_epoch
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    run: Run
+    inserted: bool  # False: an earlier run with the same idempotency key
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    held: dict[UUID, datetime] = field(default_factory=dict)  # run id -> new locked_until
+    cancel_requested: frozenset[UUID] = frozenset()
+    lost: frozenset[UUID] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    to_pending: int = 0
+    to_dead: int = 0
+    to_cancelled: int = 0
+    reaped: tuple[tuple[UUID, str, str, str], ...] = ()  # (id, pool, tenant, new status)
+
+    @property
+    def total(self) -> int:
+        return self.to_pending + self.to_dead + self.to_cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    run_id: UUID
+    seq: int
+    kind: str
+    data: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        return cls(**_pick(cls, row))
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    run_id: UUID
+    step_key: str
+    result: Any
+    lease_epoch: int
+    attempt: int
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        return cls(**_pick(cls, row))
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    max_attempts: int = 3
+    lease_s: int = 45
+    default_max_in_flight: int | None = None
+    priority_aging_s: int = 60
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        return cls(**_pick(cls, row))

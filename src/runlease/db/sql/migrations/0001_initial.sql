@@ -1,0 +1,301 @@
+-- 0001: the initial schema (agent_runs, events, steps, pools, tenant limits, claim).
+-- Pools: named partitions of the queue and their defaults. Enqueue, claim, the
+-- API and the operator all read this table, so `default` always exists.
+CREATE TABLE agent_run_pools (
+    name                  text        PRIMARY KEY
+                                      CHECK (name ~ '^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$'),
+    max_attempts          integer     NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 100),
+    lease_s               integer     NOT NULL DEFAULT 45 CHECK (lease_s BETWEEN 1 AND 3600),
+    -- NULL: tenants without an override are not limited.
+    default_max_in_flight integer     CHECK (default_max_in_flight >= 0),
+    -- Seconds of waiting that raise a pending run's effective priority by one;
+    -- 0 turns aging off (strict priorities).
+    priority_aging_s      integer     NOT NULL DEFAULT 60 CHECK (priority_aging_s >= 0),
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    updated_at            timestamptz NOT NULL DEFAULT now()
+);
+
+INSERT INTO agent_run_pools (name) VALUES ('default');
+
+-- Per-tenant caps on runs leased at once; a tenant without a row gets the
+-- pool's default_max_in_flight. 0 pauses the tenant.
+CREATE TABLE agent_run_tenant_limits (
+    pool          text        NOT NULL REFERENCES agent_run_pools (name) ON DELETE CASCADE,
+    tenant_id     text        NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
+    max_in_flight integer     NOT NULL CHECK (max_in_flight >= 0),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pool, tenant_id)
+);
+
+-- The hot table. Heartbeats rewrite locked_until every few seconds, so no
+-- index mentions locked_until (or updated_at, or event_seq): those updates
+-- stay HOT, and fillfactor leaves room on each page for the new versions.
+-- There is deliberately no foreign key on pool: every insert would share-lock
+-- the one pool row and serialize concurrent enqueues on MultiXacts; enqueue
+-- checks the pool itself.
+CREATE TABLE agent_runs (
+    id                  uuid        PRIMARY KEY,
+    pool                text        NOT NULL DEFAULT 'default',
+    tenant_id           text        NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
+    status              text        NOT NULL DEFAULT 'pending'
+                                    CHECK (status IN ('pending', 'leased', 'done', 'dead', 'cancelled')),
+    priority            integer     NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100),
+    -- Position in the pool's fair order within one priority: start tags of a
+    -- start-time fair queue, assigned at enqueue (see run_enqueue).
+    fair_seq            bigint      NOT NULL DEFAULT 0,
+    attempts            integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    max_attempts        integer     NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 100),
+    -- The fencing token: +1 at every claim.
+    lease_epoch         bigint      NOT NULL DEFAULT 0,
+    available_at        timestamptz NOT NULL DEFAULT now(),
+    locked_until        timestamptz,
+    locked_by           text,
+    cancel_requested_at timestamptz,
+    budget_json         jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    input_json          jsonb       NOT NULL,
+    result_json         jsonb,
+    idempotency_key     text        CHECK (length(idempotency_key) BETWEEN 1 AND 255),
+    -- Last event sequence number handed out for this run (see run_events.sql).
+    event_seq           bigint      NOT NULL DEFAULT 0,
+    error_code          text,
+    error_message       text,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    finished_at         timestamptz,
+    CONSTRAINT agent_runs_finished_iff_terminal
+        CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
+    CONSTRAINT agent_runs_lease_iff_leased
+        CHECK ((status = 'leased') = (locked_by IS NOT NULL AND locked_until IS NOT NULL)),
+    CONSTRAINT agent_runs_attempts_bounded CHECK (attempts <= max_attempts),
+    CONSTRAINT agent_runs_pending_not_cancelled
+        CHECK (status <> 'pending' OR cancel_requested_at IS NULL),
+    CONSTRAINT agent_runs_dead_has_code CHECK (status <> 'dead' OR error_code IS NOT NULL),
+    CONSTRAINT agent_runs_input_is_object CHECK (jsonb_typeof(input_json) = 'object'),
+    CONSTRAINT agent_runs_budget_is_object CHECK (jsonb_typeof(budget_json) = 'object')
+) WITH (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 500,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
+
+-- Claim: the head of each priority level of a pool, in fair order.
+CREATE INDEX agent_runs_claim_idx
+    ON agent_runs (pool, priority DESC, fair_seq, id)
+    WHERE status = 'pending';
+
+-- Leases: reap scans it for expired ones; claim counts a tenant's in-flight
+-- runs from it. Keyed on columns a heartbeat never changes.
+CREATE INDEX agent_runs_leased_idx
+    ON agent_runs (pool, tenant_id)
+    WHERE status = 'leased';
+
+-- Enqueue: where a tenant's own line ends in the fair order.
+CREATE INDEX agent_runs_pending_tenant_idx
+    ON agent_runs (pool, tenant_id, priority, fair_seq)
+    WHERE status = 'pending';
+
+CREATE UNIQUE INDEX agent_runs_idempotency_idx
+    ON agent_runs (pool, tenant_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+-- A tenant's runs, newest first (ids are UUIDv7, so id order is creation order).
+CREATE INDEX agent_runs_tenant_idx ON agent_runs (tenant_id, id);
+
+CREATE INDEX agent_runs_dead_idx ON agent_runs (id) WHERE status = 'dead';
+
+-- Retention deletes finished runs oldest first.
+CREATE INDEX agent_runs_finished_idx
+    ON agent_runs (finished_at)
+    WHERE finished_at IS NOT NULL;
+
+-- Events of a run, in order. seq is handed out under the run's row lock, so
+-- events become visible in seq order and a stream can resume after any seq.
+CREATE TABLE agent_run_events (
+    run_id     uuid        NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
+    seq        bigint      NOT NULL CHECK (seq > 0),
+    kind       text        NOT NULL CHECK (length(kind) BETWEEN 1 AND 64),
+    data       jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, seq)
+);
+
+-- Durable step results: a step committed by any attempt is not run again.
+CREATE TABLE agent_run_steps (
+    run_id      uuid        NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
+    step_key    text        NOT NULL CHECK (length(step_key) BETWEEN 1 AND 255),
+    result      jsonb       NOT NULL,
+    lease_epoch bigint      NOT NULL,
+    attempt     integer     NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (run_id, step_key)
+);
+
+-- Claim candidates: for each priority level of the pool that has pending runs,
+-- the first p_per_level available ones in fair order, locked with SKIP LOCKED,
+-- skipping the tenants in p_skip. Each row carries its level's effective
+-- priority: the level's priority plus one per priority_aging_s seconds that
+-- its longest-waiting candidate has waited, so a low level cannot starve.
+CREATE FUNCTION runlease_claim_candidates(
+    p_pool text, p_now timestamptz, p_per_level integer, p_skip text[], p_aging_s integer
+) RETURNS TABLE (id uuid, tenant_id text, priority integer, fair_seq bigint, score double precision)
+LANGUAGE sql
+AS $$
+    WITH RECURSIVE levels (priority) AS (
+        (SELECT r.priority FROM agent_runs r
+          WHERE r.pool = p_pool AND r.status = 'pending'
+          ORDER BY r.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.priority FROM agent_runs r
+                 WHERE r.pool = p_pool AND r.status = 'pending' AND r.priority < l.priority
+                 ORDER BY r.priority DESC LIMIT 1)
+          FROM levels l
+         WHERE l.priority IS NOT NULL
+    ), candidates AS (
+        SELECT c.*
+          FROM levels l
+         CROSS JOIN LATERAL (
+                SELECT r.id, r.tenant_id, r.priority, r.fair_seq, r.available_at
+                  FROM agent_runs r
+                 WHERE r.pool = p_pool
+                   AND r.status = 'pending'
+                   AND r.priority = l.priority
+                   AND r.available_at <= p_now
+                   AND r.cancel_requested_at IS NULL
+                   AND r.tenant_id <> ALL (p_skip)
+                 ORDER BY r.fair_seq, r.id
+                 LIMIT p_per_level
+                   FOR UPDATE SKIP LOCKED
+               ) c
+         WHERE l.priority IS NOT NULL
+    )
+    SELECT c.id, c.tenant_id, c.priority, c.fair_seq,
+           c.priority + CASE WHEN p_aging_s > 0
+                             THEN max(extract(epoch FROM p_now - c.available_at))
+                                      OVER (PARTITION BY c.priority) / p_aging_s
+                             ELSE 0 END
+      FROM candidates c
+$$;
+
+-- Claim up to p_n runs of a pool for one worker. One call, one short
+-- transaction. Pools without tenant limits take one statement. With limits,
+-- claimers serialize per limited tenant on a transaction-level advisory lock
+-- and count that tenant's leases in a statement that starts after the lock is
+-- held, so the count includes every claim that committed before; that is what
+-- keeps "never more than L leased" true when many workers claim at once.
+CREATE FUNCTION runlease_claim(
+    p_pool text, p_worker text, p_n integer, p_lease_s integer, p_now timestamptz
+) RETURNS SETOF agent_runs
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, now());
+    v_pool    agent_run_pools%ROWTYPE;
+    v_lease   interval;
+    v_skip    text[];
+    v_ids     uuid[];
+    v_tenants text[];
+    v_prios   integer[];
+    v_fair    bigint[];
+    v_scores  double precision[];
+BEGIN
+    SELECT * INTO v_pool FROM agent_run_pools WHERE name = p_pool;
+    IF NOT FOUND OR p_n < 1 THEN
+        RETURN;
+    END IF;
+    v_lease := make_interval(secs => coalesce(p_lease_s, v_pool.lease_s));
+
+    IF v_pool.default_max_in_flight IS NULL
+       AND NOT EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p_pool) THEN
+        RETURN QUERY
+        WITH chosen AS (
+            SELECT c.id, row_number() OVER (ORDER BY c.score DESC, c.priority DESC,
+                                                     c.fair_seq, c.id) AS nth
+              FROM runlease_claim_candidates(p_pool, v_now, p_n, '{}', v_pool.priority_aging_s) c
+             ORDER BY nth
+             LIMIT p_n
+        ), leased AS (
+            UPDATE agent_runs r
+               SET status = 'leased', locked_by = p_worker, locked_until = v_now + v_lease,
+                   attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
+              FROM chosen
+             WHERE r.id = chosen.id
+            RETURNING r.*
+        )
+        SELECT leased.* FROM leased JOIN chosen USING (id) ORDER BY chosen.nth;
+        RETURN;
+    END IF;
+
+    -- Tenants at their limit by this snapshot; only a hint that keeps their
+    -- runs out of the candidates. The exact count comes after the locks.
+    SELECT coalesce(array_agg(x.tenant_id), '{}') INTO v_skip
+      FROM (SELECT l.tenant_id
+              FROM (SELECT r.tenant_id, count(*) AS n
+                      FROM agent_runs r
+                     WHERE r.pool = p_pool AND r.status = 'leased'
+                     GROUP BY r.tenant_id) l
+              LEFT JOIN agent_run_tenant_limits t
+                ON t.pool = p_pool AND t.tenant_id = l.tenant_id
+             WHERE l.n >= coalesce(t.max_in_flight, v_pool.default_max_in_flight)
+            UNION
+            SELECT t.tenant_id FROM agent_run_tenant_limits t
+             WHERE t.pool = p_pool AND t.max_in_flight = 0) x;
+
+    SELECT array_agg(c.id), array_agg(c.tenant_id), array_agg(c.priority),
+           array_agg(c.fair_seq), array_agg(c.score)
+      INTO v_ids, v_tenants, v_prios, v_fair, v_scores
+      FROM runlease_claim_candidates(p_pool, v_now, p_n, v_skip, v_pool.priority_aging_s) c;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Lock every limited tenant among the candidates, in one global order so
+    -- two claimers can never wait for each other in a cycle.
+    PERFORM pg_advisory_xact_lock(1381322316, k.key)
+       FROM (SELECT DISTINCT hashtext(p_pool || '/' || c.tenant_id) AS key
+               FROM unnest(v_tenants) AS c (tenant_id)
+               LEFT JOIN agent_run_tenant_limits t
+                 ON t.pool = p_pool AND t.tenant_id = c.tenant_id
+              WHERE coalesce(t.max_in_flight, v_pool.default_max_in_flight) IS NOT NULL
+              ORDER BY 1) k;
+
+    -- A new statement, so a new snapshot: it sees every claim committed by
+    -- whoever held a tenant's lock before us. The candidates are still ours:
+    -- their row locks are held since the candidate statement.
+    RETURN QUERY
+    WITH candidates AS (
+        SELECT c.*,
+               row_number() OVER (PARTITION BY c.tenant_id
+                                  ORDER BY c.score DESC, c.priority DESC, c.fair_seq, c.id) AS nth
+          FROM unnest(v_ids, v_tenants, v_prios, v_fair, v_scores)
+               AS c (id, tenant_id, priority, fair_seq, score)
+    ), room AS (
+        SELECT d.tenant_id,
+               coalesce(t.max_in_flight, v_pool.default_max_in_flight)
+               - (SELECT count(*) FROM agent_runs r
+                   WHERE r.pool = p_pool AND r.tenant_id = d.tenant_id
+                     AND r.status = 'leased') AS free
+          FROM (SELECT DISTINCT tenant_id FROM candidates) d
+          LEFT JOIN agent_run_tenant_limits t
+            ON t.pool = p_pool AND t.tenant_id = d.tenant_id
+    ), chosen AS (
+        SELECT c.id, row_number() OVER (ORDER BY c.score DESC, c.priority DESC,
+                                                 c.fair_seq, c.id) AS nth
+          FROM candidates c
+          JOIN room USING (tenant_id)
+         WHERE room.free IS NULL OR c.nth <= room.free
+         ORDER BY nth
+         LIMIT p_n
+    ), leased AS (
+        UPDATE agent_runs r
+           SET status = 'leased', locked_by = p_worker, locked_until = v_now + v_lease,
+               attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
+          FROM chosen
+         WHERE r.id = chosen.id
+        RETURNING r.*
+    )
+    SELECT leased.* FROM leased JOIN chosen USING (id) ORDER BY chosen.nth;
+END;
+$$;

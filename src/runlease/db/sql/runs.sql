@@ -1,0 +1,345 @@
+-- Transitions of agent_runs, one named statement each (see core/states.py).
+--
+-- Every statement takes %(now)s: NULL in production, so the server's now() is
+-- the clock; tests pass an instant to move time without sleeping.
+-- Worker writes carry the fencing triple (locked_by, lease_epoch, 'leased').
+
+
+-- name: run_enqueue
+-- One run or a batch, as one multi-row INSERT from parallel arrays.
+-- Fairness: each (tenant, priority) lane joins the pool's fair order at
+-- max(the level's head, the end of the tenant's own pending line), so a tenant
+-- with 10 runs is interleaved with one that has 10,000 instead of queued
+-- behind them. A repeated idempotency key returns the existing run (inserted =
+-- false) when the input is the same and no row when it differs.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), pool AS (
+    SELECT * FROM agent_run_pools WHERE name = %(pool)s
+), input AS (
+    SELECT *
+      FROM unnest(%(ids)s::uuid[], %(tenants)s::text[], %(priorities)s::integer[],
+                  %(max_attempts)s::integer[], %(budgets)s::jsonb[], %(inputs)s::jsonb[],
+                  %(keys)s::text[])
+           WITH ORDINALITY
+           AS i (id, tenant_id, priority, max_attempts, budget_json, input_json,
+                 idempotency_key, ord)
+), lanes AS (
+    SELECT l.tenant_id, l.priority,
+           greatest(
+               (SELECT max(r.fair_seq) + 1 FROM agent_runs r
+                 WHERE r.pool = %(pool)s AND r.status = 'pending'
+                   AND r.tenant_id = l.tenant_id AND r.priority = l.priority),
+               coalesce(
+                   (SELECT r.fair_seq FROM agent_runs r, clock
+                     WHERE r.pool = %(pool)s AND r.status = 'pending'
+                       AND r.priority = l.priority AND r.available_at <= clock.ts
+                     ORDER BY r.fair_seq LIMIT 1),
+                   (SELECT r.fair_seq FROM agent_runs r
+                     WHERE r.pool = %(pool)s AND r.status = 'pending'
+                       AND r.priority = l.priority
+                     ORDER BY r.fair_seq LIMIT 1),
+                   0)) AS base
+      FROM (SELECT DISTINCT tenant_id, priority FROM input) l
+), ins AS (
+    INSERT INTO agent_runs AS r
+           (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
+            idempotency_key, available_at, created_at, updated_at)
+    SELECT i.id, pool.name, i.tenant_id, i.priority,
+           lanes.base + row_number() OVER (PARTITION BY i.tenant_id, i.priority ORDER BY i.ord) - 1,
+           coalesce(i.max_attempts, pool.max_attempts), i.budget_json, i.input_json,
+           i.idempotency_key, clock.ts, clock.ts, clock.ts
+      FROM input i
+      JOIN lanes USING (tenant_id, priority)
+     CROSS JOIN pool
+     CROSS JOIN clock
+     ORDER BY i.ord
+        ON CONFLICT (pool, tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL
+        DO UPDATE SET idempotency_key = excluded.idempotency_key
+           WHERE r.input_json = excluded.input_json
+    RETURNING r.*, (r.xmax = 0) AS inserted
+), notify AS (
+    SELECT count(pg_notify(%(channel_prefix)s || %(pool)s, %(pool)s)) AS n
+     WHERE EXISTS (SELECT 1 FROM ins WHERE ins.inserted)
+)
+SELECT ins.* FROM ins CROSS JOIN notify;
+
+
+-- name: run_get_by_keys
+SELECT * FROM agent_runs
+ WHERE pool = %(pool)s AND tenant_id = %(tenant)s AND idempotency_key = ANY (%(keys)s::text[]);
+
+
+-- name: run_claim
+-- The logic lives in runlease_claim() (schema.sql): the tenant-limit path
+-- needs a fresh snapshot after taking its locks, which one statement cannot have.
+SELECT * FROM runlease_claim(%(pool)s, %(worker)s, %(n)s, %(lease_s)s::integer,
+                             %(now)s::timestamptz);
+
+
+-- name: run_heartbeat
+-- Renew every lease one worker holds, in one statement. Only locked_until
+-- changes, and no index covers it, so the update is HOT. Runs missing from
+-- the result have lost their lease.
+UPDATE agent_runs r
+   SET locked_until = coalesce(%(now)s::timestamptz, now())
+                      + make_interval(secs => coalesce(%(lease_s)s::integer, p.lease_s))
+  FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch),
+       agent_run_pools p
+ WHERE r.id = h.id
+   AND r.lease_epoch = h.epoch
+   AND r.locked_by = %(worker)s
+   AND r.status = 'leased'
+   AND p.name = r.pool
+RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested;
+
+
+-- name: run_ack
+-- Finish runs successfully, one or many in one statement.
+UPDATE agent_runs r
+   SET status = 'done', locked_by = NULL, locked_until = NULL, result_json = a.result,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+  FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(results)s::jsonb[]) AS a (id, epoch, result)
+ WHERE r.id = a.id
+   AND r.lease_epoch = a.epoch
+   AND r.locked_by = %(worker)s
+   AND r.status = 'leased'
+RETURNING r.id;
+
+
+-- name: run_nack
+-- A retryable failure: back to pending after min(300, 5 * 2^(attempts-1)) s,
+-- computed here by the database clock; dead once attempts reach max_attempts;
+-- cancelled if a cancel was requested meanwhile (a cancelled run is never retried).
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), upd AS (
+    UPDATE agent_runs r
+       SET status = CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                         WHEN r.attempts >= r.max_attempts THEN 'dead'
+                         ELSE 'pending' END,
+           available_at = CASE WHEN r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+                               THEN clock.ts + make_interval(
+                                        secs => least(300, 5 * power(2, r.attempts - 1)))
+                               ELSE r.available_at END,
+           finished_at = CASE WHEN r.cancel_requested_at IS NOT NULL
+                                   OR r.attempts >= r.max_attempts
+                              THEN clock.ts END,
+           locked_by = NULL, locked_until = NULL,
+           error_code = %(error_code)s, error_message = %(error_message)s,
+           event_seq = r.event_seq + 1, updated_at = clock.ts
+      FROM clock
+     WHERE r.id = %(id)s
+       AND r.lease_epoch = %(epoch)s
+       AND r.locked_by = %(worker)s
+       AND r.status = 'leased'
+    RETURNING r.id, r.status, r.attempts, r.max_attempts, r.available_at, r.event_seq,
+              r.error_code, r.error_message
+), ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq, 'run.' || CASE upd.status WHEN 'pending' THEN 'retrying'
+                                                            ELSE upd.status END,
+           jsonb_build_object('attempt', upd.attempts, 'max_attempts', upd.max_attempts,
+                              'error_code', upd.error_code, 'error_message', upd.error_message,
+                              'retry_at', CASE WHEN upd.status = 'pending'
+                                               THEN upd.available_at END),
+           clock.ts
+      FROM upd, clock
+)
+SELECT id, status, attempts, available_at FROM upd;
+
+
+-- name: run_fail
+-- A fatal failure: dead at once, whatever attempts remain.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), upd AS (
+    UPDATE agent_runs r
+       SET status = 'dead', finished_at = clock.ts, locked_by = NULL, locked_until = NULL,
+           error_code = %(error_code)s, error_message = %(error_message)s,
+           event_seq = r.event_seq + 1, updated_at = clock.ts
+      FROM clock
+     WHERE r.id = %(id)s
+       AND r.lease_epoch = %(epoch)s
+       AND r.locked_by = %(worker)s
+       AND r.status = 'leased'
+    RETURNING r.id, r.status, r.attempts, r.event_seq, r.error_code, r.error_message
+), ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq, 'run.dead',
+           jsonb_build_object('attempt', upd.attempts, 'error_code', upd.error_code,
+                              'error_message', upd.error_message),
+           clock.ts
+      FROM upd, clock
+)
+SELECT id, status, attempts FROM upd;
+
+
+-- name: run_release
+-- Drain: hand runs back at once without charging the attempt (a clean
+-- shutdown is not a failure). A run whose cancel was requested ends cancelled.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), upd AS (
+    UPDATE agent_runs r
+       SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+           attempts = CASE WHEN r.cancel_requested_at IS NULL THEN r.attempts - 1
+                           ELSE r.attempts END,
+           finished_at = CASE WHEN r.cancel_requested_at IS NOT NULL THEN clock.ts END,
+           available_at = clock.ts, locked_by = NULL, locked_until = NULL,
+           event_seq = r.event_seq + 1, updated_at = clock.ts
+      FROM clock, unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch)
+     WHERE r.id = h.id
+       AND r.lease_epoch = h.epoch
+       AND r.locked_by = %(worker)s
+       AND r.status = 'leased'
+    RETURNING r.id, r.pool, r.status, r.attempts, r.event_seq
+), ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq,
+           CASE upd.status WHEN 'pending' THEN 'run.released' ELSE 'run.cancelled' END,
+           jsonb_build_object('attempts', upd.attempts), clock.ts
+      FROM upd, clock
+), notify AS (
+    SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
+      FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+)
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+
+
+-- name: run_request_cancel
+-- The user's Stop. One UPDATE whose CASE is evaluated on the latest row
+-- version: if a claim commits while this waits for the row, the run is seen
+-- as leased and gets the request, instead of the request being lost.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), upd AS (
+    UPDATE agent_runs r
+       SET status = CASE r.status WHEN 'pending' THEN 'cancelled' ELSE r.status END,
+           finished_at = CASE r.status WHEN 'pending' THEN clock.ts ELSE r.finished_at END,
+           cancel_requested_at = coalesce(r.cancel_requested_at, clock.ts),
+           event_seq = r.event_seq + 1, updated_at = clock.ts
+      FROM clock
+     WHERE r.id = %(id)s
+       AND r.status IN ('pending', 'leased')
+       AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
+    RETURNING r.id, r.status, r.event_seq
+), ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq,
+           CASE upd.status WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.cancel_requested' END,
+           '{}'::jsonb, clock.ts
+      FROM upd, clock
+), notify AS (
+    SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
+)
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+
+
+-- name: run_finalize_cancel
+-- The worker stopped the run after seeing the request.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), upd AS (
+    UPDATE agent_runs r
+       SET status = 'cancelled', finished_at = clock.ts, locked_by = NULL, locked_until = NULL,
+           event_seq = r.event_seq + 1, updated_at = clock.ts
+      FROM clock
+     WHERE r.id = %(id)s
+       AND r.lease_epoch = %(epoch)s
+       AND r.locked_by = %(worker)s
+       AND r.status = 'leased'
+       AND r.cancel_requested_at IS NOT NULL
+    RETURNING r.id, r.event_seq, r.attempts
+), ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq, 'run.cancelled', jsonb_build_object('attempt', upd.attempts),
+           clock.ts
+      FROM upd, clock
+)
+SELECT id FROM upd;
+
+
+-- name: run_reap
+-- Expired leases, in a bounded batch: back to pending, or dead with
+-- 'lease_expired' when no attempt is left, or cancelled when a cancel was
+-- requested. SKIP LOCKED passes over a row a heartbeat is renewing right now;
+-- a renewal that commits first is seen by the re-check of the locking read.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), expired AS (
+    SELECT r.id
+      FROM agent_runs r, clock
+     WHERE r.status = 'leased' AND r.locked_until < clock.ts
+     ORDER BY r.locked_until
+     LIMIT %(batch)s
+       FOR UPDATE OF r SKIP LOCKED
+), upd AS (
+    UPDATE agent_runs r
+       SET status = CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                         WHEN r.attempts >= r.max_attempts THEN 'dead'
+                         ELSE 'pending' END,
+           finished_at = CASE WHEN r.cancel_requested_at IS NOT NULL
+                                   OR r.attempts >= r.max_attempts
+                              THEN clock.ts END,
+           error_code = CASE WHEN r.cancel_requested_at IS NULL THEN 'lease_expired'
+                             ELSE r.error_code END,
+           error_message = CASE WHEN r.cancel_requested_at IS NULL
+                                THEN 'the lease expired: its worker stopped renewing it'
+                                ELSE r.error_message END,
+           available_at = clock.ts, locked_by = NULL, locked_until = NULL,
+           event_seq = r.event_seq + 1, updated_at = clock.ts
+      FROM expired, clock
+     WHERE r.id = expired.id
+    RETURNING r.id, r.pool, r.tenant_id, r.status, r.attempts, r.event_seq
+), ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq, 'run.lease_expired',
+           jsonb_build_object('attempt', upd.attempts, 'status', upd.status), clock.ts
+      FROM upd, clock
+), notify AS (
+    SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
+      FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+)
+SELECT upd.id, upd.pool, upd.tenant_id, upd.status FROM upd CROSS JOIN notify;
+
+
+-- name: run_redrive
+-- Operations: a dead run goes back to pending with its attempts reset.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), upd AS (
+    UPDATE agent_runs r
+       SET status = 'pending', attempts = 0, finished_at = NULL, available_at = clock.ts,
+           error_code = NULL, error_message = NULL, cancel_requested_at = NULL,
+           event_seq = r.event_seq + 1, updated_at = clock.ts
+      FROM clock
+     WHERE r.id = %(id)s
+       AND r.status = 'dead'
+       AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
+    RETURNING r.*
+), ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq, 'run.redriven', '{}'::jsonb, clock.ts FROM upd, clock
+), notify AS (
+    SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
+)
+SELECT upd.* FROM upd CROSS JOIN notify;
+
+
+-- name: run_get
+SELECT * FROM agent_runs
+ WHERE id = %(id)s
+   AND (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s::text);
+
+
+-- name: run_list
+-- Keyset pagination, newest first: the cursor is the last id of the previous page.
+SELECT * FROM agent_runs
+ WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s::text)
+   AND (%(pool)s::text IS NULL OR pool = %(pool)s::text)
+   AND (%(status)s::text IS NULL OR status = %(status)s::text)
+   AND (%(before)s::uuid IS NULL OR id < %(before)s::uuid)
+ ORDER BY id DESC
+ LIMIT %(limit)s;

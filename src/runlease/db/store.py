@@ -1,0 +1,588 @@
+"""The store: one typed method per transition, each one named statement.
+
+Every method validates its input first (nothing is written on bad input),
+runs one statement from `sql/`, and translates psycopg errors into runlease's
+own at this boundary. Worker writes take a `Lease` and raise `LeaseLost` when
+the fence matches zero rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from runlease.clock import Clock, SystemClock
+from runlease.core import bounds
+from runlease.core.ids import uuid7
+from runlease.core.redact import DEFAULT_REDACTOR, Redactor
+from runlease.core.states import RunStatus
+from runlease.db.channels import CANCEL_CHANNEL, EVENTS_CHANNEL, POOL_CHANNEL_PREFIX
+from runlease.db.models import (
+    EnqueueResult,
+    Event,
+    HeartbeatResult,
+    Lease,
+    Pool,
+    ReapResult,
+    Run,
+    Step,
+)
+from runlease.db.queries import sql
+from runlease.errors import (
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    InvalidTransition,
+    LeaseLost,
+    RunleaseError,
+    RunNotFound,
+    UnknownPool,
+    ValidationError,
+)
+
+Conn = AsyncConnection[DictRow]
+
+MAX_CLAIM_BATCH = 1000
+MAX_LIST_LIMIT = 500
+_ERROR_CODE_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """One run to enqueue; `max_attempts` None takes the pool's default."""
+
+    tenant_id: str
+    input: Mapping[str, Any]
+    priority: int = 0
+    max_attempts: int | None = None
+    budget: Mapping[str, Any] | None = None
+    idempotency_key: str | None = None
+
+
+class RunStore:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        *,
+        clock: Clock | None = None,
+        redactor: Redactor = DEFAULT_REDACTOR,
+        max_input_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
+        max_result_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
+    ) -> None:
+        self.pool = pool
+        self.clock: Clock = clock or SystemClock()
+        self.redactor = redactor
+        self.max_input_bytes = max_input_bytes
+        self.max_result_bytes = max_result_bytes
+
+    # -- plumbing -----------------------------------------------------------
+
+    @asynccontextmanager
+    async def connection(self, conn: Conn | None = None) -> AsyncIterator[Conn]:
+        """The given connection, or one from the pool; errors translated."""
+        try:
+            if conn is not None:
+                yield conn
+            else:
+                async with self.pool.connection() as pooled:
+                    yield pooled
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(f"no database connection available: {exc}") from exc
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
+        except psycopg.Error as exc:
+            raise RunleaseError(f"database error: {str(exc).strip()}") from exc
+
+    async def _rows(
+        self, name: str, params: dict[str, Any], conn: Conn | None = None
+    ) -> list[DictRow]:
+        params.setdefault("now", self.clock.db_now())
+        async with self.connection(conn) as c, c.cursor() as cur:
+            await cur.execute(sql(name), params)
+            return await cur.fetchall() if cur.description is not None else []
+
+    def _error(self, code: str, message: str) -> tuple[str, str]:
+        if not _ERROR_CODE_RE.match(code):
+            raise ValidationError("error_code", "must be 1-64 characters: a-z, digits, _ . -")
+        return code, self.redactor.message(message, bounds.MAX_ERROR_MESSAGE_CHARS)
+
+    # -- enqueue ------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        pool: str,
+        tenant_id: str,
+        input: Mapping[str, Any],  # noqa: A002 - the run's input, as the API names it
+        *,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        conn: Conn | None = None,
+    ) -> EnqueueResult:
+        run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key)
+        (result,) = await self.enqueue_many(pool, [run], conn=conn)
+        return result
+
+    async def enqueue_many(
+        self, pool: str, runs: Sequence[NewRun], *, conn: Conn | None = None
+    ) -> list[EnqueueResult]:
+        """Enqueue a batch in one INSERT; results in the order given.
+
+        All or nothing: an invalid item, an unknown pool or an idempotency key
+        reused with another input writes none of the batch.
+        """
+        bounds.check_pool(pool)
+        if not runs:
+            return []
+        ids: list[UUID] = []
+        tenants: list[str] = []
+        priorities: list[int] = []
+        attempts: list[int | None] = []
+        budgets: list[str] = []
+        inputs: list[str] = []
+        keys: list[str | None] = []
+        seen_keys: set[tuple[str, str]] = set()
+        for i, run in enumerate(runs):
+            where = f"runs[{i}]." if len(runs) > 1 else ""
+            try:
+                tenants.append(bounds.check_tenant(run.tenant_id))
+                priorities.append(bounds.check_priority(run.priority))
+                attempts.append(
+                    None
+                    if run.max_attempts is None
+                    else bounds.check_max_attempts(run.max_attempts)
+                )
+                budgets.append(bounds.json_text("budget", bounds.Budget.parse(run.budget).to_json(),
+                                                self.max_input_bytes))
+                inputs.append(bounds.check_object("input", run.input, self.max_input_bytes))
+                key = run.idempotency_key
+                if key is not None:
+                    bounds.check_idempotency_key(key)
+                    if (run.tenant_id, key) in seen_keys:
+                        raise ValidationError("idempotency_key", "repeated within one batch")
+                    seen_keys.add((run.tenant_id, key))
+                keys.append(key)
+            except ValidationError as exc:
+                raise ValidationError(where + exc.field, exc.message) from None
+            ids.append(uuid7())
+
+        params: dict[str, Any] = {
+            "pool": pool,
+            "ids": ids,
+            "tenants": tenants,
+            "priorities": priorities,
+            "max_attempts": attempts,
+            "budgets": budgets,
+            "inputs": inputs,
+            "keys": keys,
+            "channel_prefix": POOL_CHANNEL_PREFIX,
+        }
+        async with self.connection(conn) as c, c.transaction():
+            rows = await self._rows("run_enqueue", params, c)
+            by_key = {(r["tenant_id"], r["idempotency_key"]): r for r in rows}
+            by_id = {r["id"]: r for r in rows}
+            results: list[EnqueueResult] = []
+            for run, run_id, key in zip(runs, ids, keys, strict=True):
+                row = by_id.get(run_id) or (by_key.get((run.tenant_id, key)) if key else None)
+                if row is None:
+                    await self._explain_missing(pool, run.tenant_id, key, c)
+                    raise RunleaseError(f"enqueue returned no row for run {run_id}")
+                results.append(EnqueueResult(Run.from_row(row), bool(row["inserted"])))
+            return results
+
+    async def _explain_missing(self, pool: str, tenant: str, key: str | None, c: Conn) -> None:
+        """A row the insert did not return: the pool is unknown, or the key
+        names a run with another input. Raising rolls the batch back."""
+        if await self.get_pool(pool, conn=c) is None:
+            raise UnknownPool(pool)
+        if key is not None:
+            rows = await self._rows(
+                "run_get_by_keys", {"pool": pool, "tenant": tenant, "keys": [key]}, c
+            )
+            if rows:
+                raise IdempotencyConflict(rows[0]["id"], key)
+
+    # -- worker transitions -------------------------------------------------
+
+    async def claim(
+        self,
+        pool: str,
+        worker: str,
+        n: int = 1,
+        *,
+        lease_s: int | None = None,
+        conn: Conn | None = None,
+    ) -> list[Lease]:
+        """Lease up to n runs of the pool for `worker`, in one short transaction."""
+        if not 1 <= n <= MAX_CLAIM_BATCH:
+            raise ValidationError("n", f"must be between 1 and {MAX_CLAIM_BATCH}")
+        if lease_s is not None:
+            bounds.check_lease_s(lease_s)
+        rows = await self._rows(
+            "run_claim", {"pool": pool, "worker": worker, "n": n, "lease_s": lease_s}, conn
+        )
+        return [Lease(Run.from_row(r), worker) for r in rows]
+
+    async def heartbeat(
+        self,
+        worker: str,
+        leases: Iterable[tuple[UUID, int]],
+        *,
+        lease_s: int | None = None,
+        conn: Conn | None = None,
+    ) -> HeartbeatResult:
+        """Renew all of one worker's leases in one statement."""
+        pairs = list(leases)
+        if not pairs:
+            return HeartbeatResult()
+        rows = await self._rows(
+            "run_heartbeat",
+            {
+                "worker": worker,
+                "ids": [p[0] for p in pairs],
+                "epochs": [p[1] for p in pairs],
+                "lease_s": lease_s,
+            },
+            conn,
+        )
+        held = {r["id"]: r["locked_until"] for r in rows}
+        return HeartbeatResult(
+            held=held,
+            cancel_requested=frozenset(r["id"] for r in rows if r["cancel_requested"]),
+            lost=frozenset(p[0] for p in pairs if p[0] not in held),
+        )
+
+    async def ack(self, lease: Lease, result: Any = None, *, conn: Conn | None = None) -> None:
+        lost = await self.ack_many([(lease, result)], conn=conn)
+        if lost:
+            raise LeaseLost(lease.run_id, lease.epoch)
+
+    async def ack_many(
+        self, items: Sequence[tuple[Lease, Any]], *, conn: Conn | None = None
+    ) -> set[UUID]:
+        """Finish many runs of one worker in one statement; returns the ids
+        whose lease was lost."""
+        if not items:
+            return set()
+        worker = items[0][0].worker
+        if any(lease.worker != worker for lease, _ in items):
+            raise ValueError("ack_many takes the leases of one worker")
+        results = [
+            None if result is None else bounds.json_text("result", result, self.max_result_bytes)
+            for _, result in items
+        ]
+        rows = await self._rows(
+            "run_ack",
+            {
+                "worker": worker,
+                "ids": [lease.run_id for lease, _ in items],
+                "epochs": [lease.epoch for lease, _ in items],
+                "results": results,
+            },
+            conn,
+        )
+        done = {r["id"] for r in rows}
+        return {lease.run_id for lease, _ in items if lease.run_id not in done}
+
+    async def nack(
+        self, lease: Lease, error_code: str, error_message: str, *, conn: Conn | None = None
+    ) -> RunStatus:
+        """A retryable failure; returns where the run went (pending, dead or cancelled)."""
+        code, message = self._error(error_code, error_message)
+        rows = await self._rows(
+            "run_nack",
+            {
+                "id": lease.run_id,
+                "epoch": lease.epoch,
+                "worker": lease.worker,
+                "error_code": code,
+                "error_message": message,
+            },
+            conn,
+        )
+        if not rows:
+            raise LeaseLost(lease.run_id, lease.epoch)
+        return RunStatus(rows[0]["status"])
+
+    async def fail(
+        self, lease: Lease, error_code: str, error_message: str, *, conn: Conn | None = None
+    ) -> None:
+        """A fatal failure: dead now."""
+        code, message = self._error(error_code, error_message)
+        rows = await self._rows(
+            "run_fail",
+            {
+                "id": lease.run_id,
+                "epoch": lease.epoch,
+                "worker": lease.worker,
+                "error_code": code,
+                "error_message": message,
+            },
+            conn,
+        )
+        if not rows:
+            raise LeaseLost(lease.run_id, lease.epoch)
+
+    async def release(
+        self, worker: str, leases: Iterable[tuple[UUID, int]], *, conn: Conn | None = None
+    ) -> dict[UUID, RunStatus]:
+        """Drain: hand leases back without charging the attempt. Returns the
+        new status of each run still held; the others' leases were lost."""
+        pairs = list(leases)
+        if not pairs:
+            return {}
+        rows = await self._rows(
+            "run_release",
+            {
+                "worker": worker,
+                "ids": [p[0] for p in pairs],
+                "epochs": [p[1] for p in pairs],
+                "channel_prefix": POOL_CHANNEL_PREFIX,
+            },
+            conn,
+        )
+        return {r["id"]: RunStatus(r["status"]) for r in rows}
+
+    async def finalize_cancel(self, lease: Lease, *, conn: Conn | None = None) -> None:
+        rows = await self._rows(
+            "run_finalize_cancel",
+            {"id": lease.run_id, "epoch": lease.epoch, "worker": lease.worker},
+            conn,
+        )
+        if not rows:
+            raise LeaseLost(lease.run_id, lease.epoch)
+
+    async def record_events(
+        self,
+        lease: Lease,
+        events: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        conn: Conn | None = None,
+    ) -> int:
+        """Append events (redacted, bounded), fenced; returns the last seq."""
+        if not events:
+            raise ValidationError("events", "must not be empty")
+        kinds: list[str] = []
+        datas: list[str] = []
+        for kind, data in events:
+            kinds.append(bounds.check_event_kind(kind))
+            if not isinstance(data, Mapping):
+                raise ValidationError("data", "must be a JSON object")
+            datas.append(bounds.json_text("data", self.redactor.json(dict(data)),
+                                          bounds.MAX_EVENT_BYTES))
+        rows = await self._rows(
+            "run_event_record",
+            {
+                "id": lease.run_id,
+                "epoch": lease.epoch,
+                "worker": lease.worker,
+                "kinds": kinds,
+                "datas": datas,
+                "channel": EVENTS_CHANNEL,
+            },
+            conn,
+        )
+        if not rows:
+            raise LeaseLost(lease.run_id, lease.epoch)
+        return int(rows[0]["event_seq"])
+
+    async def record_event(
+        self, lease: Lease, kind: str, data: Mapping[str, Any], *, conn: Conn | None = None
+    ) -> int:
+        return await self.record_events(lease, [(kind, data)], conn=conn)
+
+    async def record_step(
+        self, lease: Lease, key: str, result: Any, *, conn: Conn | None = None
+    ) -> bool:
+        """Commit a durable step result, fenced. False if the key was already recorded."""
+        bounds.check_step_key(key)
+        text = bounds.json_text("result", result, bounds.MAX_STEP_RESULT_BYTES)
+        rows = await self._rows(
+            "run_step_record",
+            {
+                "id": lease.run_id,
+                "epoch": lease.epoch,
+                "worker": lease.worker,
+                "key": key,
+                "result": text,
+            },
+            conn,
+        )
+        if rows[0]["fenced"] == 0:
+            raise LeaseLost(lease.run_id, lease.epoch)
+        return bool(rows[0]["inserted"])
+
+    async def get_steps(self, run_id: UUID, *, conn: Conn | None = None) -> dict[str, Step]:
+        rows = await self._rows("run_steps_get", {"id": run_id}, conn)
+        return {r["step_key"]: Step.from_row(r) for r in rows}
+
+    # -- control plane and operations --------------------------------------
+
+    async def request_cancel(
+        self, run_id: UUID, *, tenant_id: str | None = None, conn: Conn | None = None
+    ) -> Run:
+        """Stop a run: a pending one is cancelled at once, a leased one gets
+        cancel_requested_at and its worker is notified. A finished run is
+        returned unchanged."""
+        rows = await self._rows(
+            "run_request_cancel",
+            {"id": run_id, "tenant": tenant_id, "channel": CANCEL_CHANNEL},
+            conn,
+        )
+        del rows  # the run as it is now is what callers want
+        return await self.get(run_id, tenant_id=tenant_id, conn=conn)
+
+    async def reap(self, *, batch: int = 1000, conn: Conn | None = None) -> ReapResult:
+        """Expired leases back to pending (or dead / cancelled), one bounded batch."""
+        rows = await self._rows(
+            "run_reap", {"batch": batch, "channel_prefix": POOL_CHANNEL_PREFIX}, conn
+        )
+        counts = {s: 0 for s in ("pending", "dead", "cancelled")}
+        for r in rows:
+            counts[r["status"]] += 1
+        return ReapResult(
+            to_pending=counts["pending"],
+            to_dead=counts["dead"],
+            to_cancelled=counts["cancelled"],
+            reaped=tuple((r["id"], r["pool"], r["tenant_id"], r["status"]) for r in rows),
+        )
+
+    async def redrive(
+        self, run_id: UUID, *, tenant_id: str | None = None, conn: Conn | None = None
+    ) -> Run:
+        """A dead run back to pending with its attempts reset."""
+        rows = await self._rows(
+            "run_redrive",
+            {"id": run_id, "tenant": tenant_id, "channel_prefix": POOL_CHANNEL_PREFIX},
+            conn,
+        )
+        if rows:
+            return Run.from_row(rows[0])
+        run = await self.get(run_id, tenant_id=tenant_id, conn=conn)
+        raise InvalidTransition(run_id, "redrive", run.status)
+
+    async def get(
+        self, run_id: UUID, *, tenant_id: str | None = None, conn: Conn | None = None
+    ) -> Run:
+        """One run; with tenant_id, only that tenant's (another's is not found)."""
+        rows = await self._rows("run_get", {"id": run_id, "tenant": tenant_id}, conn)
+        if not rows:
+            raise RunNotFound(run_id)
+        return Run.from_row(rows[0])
+
+    async def list_runs(
+        self,
+        *,
+        tenant_id: str | None = None,
+        pool: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 50,
+        before: UUID | None = None,
+        conn: Conn | None = None,
+    ) -> list[Run]:
+        """Newest first; pass the last id of a page as `before` for the next."""
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise ValidationError("limit", f"must be between 1 and {MAX_LIST_LIMIT}")
+        if status is not None:
+            try:
+                status = RunStatus(status)
+            except ValueError:
+                raise ValidationError(
+                    "status", f"must be one of {', '.join(s.value for s in RunStatus)}"
+                ) from None
+        rows = await self._rows(
+            "run_list",
+            {
+                "tenant": tenant_id,
+                "pool": pool,
+                "status": None if status is None else str(status),
+                "before": before,
+                "limit": limit,
+            },
+            conn,
+        )
+        return [Run.from_row(r) for r in rows]
+
+    async def events_after(
+        self, run_id: UUID, after: int = 0, *, limit: int = 1000, conn: Conn | None = None
+    ) -> list[Event]:
+        rows = await self._rows(
+            "run_events_after", {"id": run_id, "after": after, "limit": limit}, conn
+        )
+        return [Event.from_row(r) for r in rows]
+
+    # -- pools and tenant limits --------------------------------------------
+
+    async def upsert_pool(self, pool: Pool, *, conn: Conn | None = None) -> Pool:
+        bounds.check_pool(pool.name)
+        bounds.check_max_attempts(pool.max_attempts)
+        bounds.check_lease_s(pool.lease_s)
+        bounds.check_aging_s(pool.priority_aging_s)
+        if pool.default_max_in_flight is not None:
+            bounds.check_max_in_flight("default_max_in_flight", pool.default_max_in_flight)
+        rows = await self._rows(
+            "pool_upsert",
+            {
+                "name": pool.name,
+                "max_attempts": pool.max_attempts,
+                "lease_s": pool.lease_s,
+                "default_max_in_flight": pool.default_max_in_flight,
+                "priority_aging_s": pool.priority_aging_s,
+            },
+            conn,
+        )
+        return Pool.from_row(rows[0])
+
+    async def get_pool(self, name: str, *, conn: Conn | None = None) -> Pool | None:
+        rows = await self._rows("pool_get", {"name": name}, conn)
+        return Pool.from_row(rows[0]) if rows else None
+
+    async def list_pools(self, *, conn: Conn | None = None) -> list[Pool]:
+        return [Pool.from_row(r) for r in await self._rows("pool_list", {}, conn)]
+
+    async def replace_tenant_limits(
+        self, pool: str, limits: Mapping[str, int], *, conn: Conn | None = None
+    ) -> None:
+        """Make the pool's per-tenant overrides exactly `limits`."""
+        bounds.check_pool(pool)
+        for tenant, limit in limits.items():
+            bounds.check_tenant(tenant)
+            bounds.check_max_in_flight(f"limits[{tenant}]", limit)
+        if await self.get_pool(pool, conn=conn) is None:
+            raise UnknownPool(pool)
+        await self._rows(
+            "tenant_limits_replace",
+            {"pool": pool, "tenants": list(limits), "limits": list(limits.values())},
+            conn,
+        )
+
+    async def set_tenant_limit(
+        self, pool: str, tenant_id: str, max_in_flight: int | None, *, conn: Conn | None = None
+    ) -> None:
+        """Set one override; None removes it (the pool's default applies again)."""
+        bounds.check_pool(pool)
+        bounds.check_tenant(tenant_id)
+        if max_in_flight is None:
+            await self._rows("tenant_limit_delete", {"pool": pool, "tenant": tenant_id}, conn)
+            return
+        bounds.check_max_in_flight("max_in_flight", max_in_flight)
+        if await self.get_pool(pool, conn=conn) is None:
+            raise UnknownPool(pool)
+        await self._rows(
+            "tenant_limit_set",
+            {"pool": pool, "tenant": tenant_id, "max_in_flight": max_in_flight},
+            conn,
+        )
+
+    async def tenant_limits(self, pool: str, *, conn: Conn | None = None) -> dict[str, int]:
+        rows = await self._rows("tenant_limits_list", {"pool": pool}, conn)
+        return {r["tenant_id"]: r["max_in_flight"] for r in rows}

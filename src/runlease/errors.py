@@ -1,0 +1,83 @@
+"""One error hierarchy for the whole package.
+
+Callers branch on the type, never on the message: retryable conditions
+(`DatabaseUnavailable`) and permanent ones (`ValidationError`, `LeaseLost`)
+are distinct classes that carry the data a caller needs.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+
+class RunleaseError(Exception):
+    """Base of every error runlease raises on purpose."""
+
+
+class ValidationError(RunleaseError, ValueError):
+    """Bad input; nothing was written. `field` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class UnknownPool(ValidationError):
+    """Enqueue (or a pool operation) named a pool that does not exist."""
+
+    def __init__(self, pool: str) -> None:
+        super().__init__("pool", f"unknown pool {pool!r}; create it first (runlease pools upsert)")
+        self.pool = pool
+
+
+class IdempotencyConflict(RunleaseError):
+    """An idempotency key was reused with a different input."""
+
+    def __init__(self, run_id: UUID, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} already names run {run_id} with a different input"
+        )
+        self.run_id = run_id
+        self.key = key
+
+
+class RunNotFound(RunleaseError, LookupError):
+    def __init__(self, run_id: UUID) -> None:
+        super().__init__(f"run {run_id} not found")
+        self.run_id = run_id
+
+
+class InvalidTransition(RunleaseError):
+    """An operator-level transition does not apply to the run's current state
+    (for example redrive of a run that is not dead)."""
+
+    def __init__(self, run_id: UUID, action: str, status: str | None) -> None:
+        super().__init__(f"cannot {action} run {run_id} in status {status}")
+        self.run_id = run_id
+        self.action = action
+        self.status = status
+
+
+class LeaseLost(RunleaseError):
+    """A fenced write changed zero rows: this worker no longer holds the lease.
+
+    The only correct reaction is to stop working on the run and write nothing more.
+    """
+
+    def __init__(self, run_id: UUID, lease_epoch: int) -> None:
+        super().__init__(f"lease on run {run_id} (epoch {lease_epoch}) is lost")
+        self.run_id = run_id
+        self.lease_epoch = lease_epoch
+
+
+class DatabaseUnavailable(RunleaseError):
+    """The database could not be reached or the connection broke; retryable."""
+
+
+class MigrationError(RunleaseError):
+    """The schema on the server does not match what this version expects."""
+
+
+class SettingsError(RunleaseError, ValueError):
+    """A setting is missing or out of range; raised at start with a clear message."""
