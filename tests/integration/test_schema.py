@@ -1,0 +1,145 @@
+"""The schema itself: migrations produce schema.sql, claim uses its index,
+heartbeats are HOT updates."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from importlib import resources
+from typing import Any
+
+import psycopg
+import pytest
+
+from runlease.db.embedded import bin_dir
+from runlease.db.migrate import migrate, migrations, pending
+from runlease.db.store import NewRun, RunStore
+from runlease.errors import MigrationError
+
+
+def schema_dump(url: str) -> str:
+    out = subprocess.run(
+        [str(bin_dir() / "pg_dump"), "--schema-only", "--no-owner", "--no-privileges",
+         "--exclude-table=runlease_migrations", "--dbname", url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    # pg_dump 17.6+ wraps the dump in \restrict lines with a random key.
+    return "\n".join(line for line in out.splitlines() if not line.startswith(("\\restrict",
+                                                                                "\\unrestrict")))
+
+
+def pools(url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT name, max_attempts, lease_s, default_max_in_flight, priority_aging_s"
+            " FROM agent_run_pools ORDER BY name"
+        ).fetchall()
+
+
+def test_migrations_produce_schema_sql(db_url: str, empty_db_url: str) -> None:
+    schema = resources.files("runlease.db").joinpath("sql", "schema.sql").read_text()
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(schema)
+    assert schema_dump(db_url) == schema_dump(empty_db_url)
+    assert pools(db_url) == pools(empty_db_url) == [("default", 3, 45, None, 60)]
+
+
+def test_migrate_is_idempotent_and_records_what_it_applied(empty_db_url: str) -> None:
+    assert [m.version for m in pending(empty_db_url)] == [m.version for m in migrations()]
+    applied = migrate(empty_db_url)
+    assert [m.version for m in applied] == [m.version for m in migrations()]
+    assert migrate(empty_db_url) == []
+    assert pending(empty_db_url) == []
+    with psycopg.connect(empty_db_url) as conn:
+        rows = conn.execute("SELECT version, name, checksum FROM runlease_migrations").fetchall()
+    assert rows == [(m.version, m.name, m.checksum) for m in migrations()]
+
+
+def test_concurrent_migrators_apply_each_migration_once(empty_db_url: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: migrate(empty_db_url), range(6)))
+    assert sorted(len(r) for r in results) == [0] * 5 + [len(migrations())]
+
+
+def test_a_changed_migration_is_refused(empty_db_url: str) -> None:
+    migrate(empty_db_url)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("UPDATE runlease_migrations SET checksum = 'x' WHERE version = 1")
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        migrate(empty_db_url)
+
+
+def claim_plans(url: str, setup: str | None = None) -> list[str]:
+    """The executed plans of every statement inside one claim, via auto_explain."""
+    plans: list[str] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        if setup:
+            conn.execute(setup)
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        conn.execute("SET auto_explain.log_nested_statements = on")
+        conn.execute("SET client_min_messages = log")
+        with conn.transaction(force_rollback=True):
+            rows = conn.execute("SELECT * FROM runlease_claim('default', 'w', 10, NULL, NULL)")
+            assert len(rows.fetchall()) == 10
+    return plans
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limited", [False, True], ids=["no-limits", "tenant-limits"])
+def test_claim_uses_the_partial_index_beside_200k_finished_runs(db_url: str, limited: bool) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, status, attempts, input_json, finished_at)"
+            " SELECT gen_random_uuid(), 't' || (g % 50), 'done', 1, '{}', now()"
+            "   FROM generate_series(1, 200000) g"
+        )
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, fair_seq, input_json)"
+            " SELECT gen_random_uuid(), 't' || (g % 5), g, '{}' FROM generate_series(1, 100) g"
+        )
+        conn.execute("VACUUM ANALYZE agent_runs")
+    setup = ("INSERT INTO agent_run_tenant_limits (pool, tenant_id, max_in_flight)"
+             " VALUES ('default', 't1', 2)") if limited else None
+    plans = claim_plans(db_url, setup)
+    candidate_plans = [p for p in plans if "LockRows" in p]
+    assert candidate_plans, plans
+    for plan in candidate_plans:
+        assert "Index Scan using agent_runs_claim_idx" in plan
+    assert not any("Seq Scan on agent_runs " in p for p in plans), plans
+
+
+async def test_heartbeat_renewals_are_hot_updates(live_store: RunStore, db_url: str) -> None:
+    store = live_store
+    await store.enqueue_many("default", [NewRun("acme", {"i": i}) for i in range(100)])
+    leases = await store.claim("default", "w", 100)
+    pairs = [(lease.run_id, lease.epoch) for lease in leases]
+    before = table_stats(db_url)
+    async with store.connection() as conn:
+        for _ in range(100):  # 100 heartbeats x 100 leases = 10,000 renewals
+            result = await store.heartbeat("w", pairs, conn=conn)
+            assert not result.lost
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+    deadline = time.monotonic() + 10
+    while (after := table_stats(db_url))["n_tup_upd"] - before["n_tup_upd"] < 10_000:
+        assert time.monotonic() < deadline, "statistics never showed the renewals"
+        await asyncio.sleep(0.1)
+    updates = after["n_tup_upd"] - before["n_tup_upd"]
+    hot = after["n_tup_hot_upd"] - before["n_tup_hot_upd"]
+    share = hot / updates
+    print(f"HOT share of 10,000 heartbeat renewals: {share:.1%} ({hot}/{updates})")
+    assert updates == 10_000
+    assert share >= 0.95
+
+
+def table_stats(url: str) -> dict[str, int]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'agent_runs'"
+        ).fetchone()
+    assert row is not None
+    return {"n_tup_upd": row[0], "n_tup_hot_upd": row[1]}

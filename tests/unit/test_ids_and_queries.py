@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from runlease.core.ids import uuid7
+from runlease.db import queries
+from runlease.db.queries import parse, statements
+
+
+def test_uuid7_is_version_7_and_strictly_increasing() -> None:
+    ids = [uuid7() for _ in range(10_000)]
+    assert all(u.version == 7 and u.variant == "specified in RFC 4122" for u in ids)
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_every_statement_is_named_and_loaded_once() -> None:
+    names = set(statements())
+    for expected in ("run_enqueue", "run_claim", "run_heartbeat", "run_ack", "run_nack",
+                     "run_fail", "run_release", "run_request_cancel", "run_finalize_cancel",
+                     "run_reap", "run_redrive", "run_get", "run_list", "run_event_record",
+                     "run_step_record", "run_steps_get", "pool_upsert"):
+        assert expected in names
+    assert queries.sql("run_get").startswith("SELECT")
+
+
+def test_parse_rejects_duplicates_and_empty_statements() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n", "x.sql")
+    with pytest.raises(ValueError, match="empty"):
+        parse("-- name: a\n\n-- name: b\nSELECT 2;\n", "x.sql")
+    assert parse("-- comment\n-- name: a\nSELECT 1;\n", "x.sql") == {"a": "SELECT 1"}
