@@ -86,7 +86,8 @@ UPDATE agent_runs r
                       + make_interval(secs => coalesce(%(lease_s)s::integer, p.lease_s))
   FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch),
        agent_run_pools p
- WHERE r.id = h.id
+ WHERE r.id = ANY (%(ids)s::uuid[])  -- lets the planner go by primary key
+   AND r.id = h.id
    AND r.lease_epoch = h.epoch
    AND r.locked_by = %(worker)s
    AND r.status = 'leased'
@@ -101,7 +102,8 @@ UPDATE agent_runs r
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
   FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(results)s::jsonb[]) AS a (id, epoch, result)
- WHERE r.id = a.id
+ WHERE r.id = ANY (%(ids)s::uuid[])  -- lets the planner go by primary key
+   AND r.id = a.id
    AND r.lease_epoch = a.epoch
    AND r.locked_by = %(worker)s
    AND r.status = 'leased'
@@ -190,7 +192,8 @@ WITH clock AS (
            available_at = clock.ts, locked_by = NULL, locked_until = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock, unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch)
-     WHERE r.id = h.id
+     WHERE r.id = ANY (%(ids)s::uuid[])
+       AND r.id = h.id
        AND r.lease_epoch = h.epoch
        AND r.locked_by = %(worker)s
        AND r.status = 'leased'

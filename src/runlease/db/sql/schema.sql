@@ -107,14 +107,11 @@ CREATE UNIQUE INDEX agent_runs_idempotency_idx
     WHERE idempotency_key IS NOT NULL;
 
 -- A tenant's runs, newest first (ids are UUIDv7, so id order is creation order).
+-- Retention needs no index of its own: a run finishes after it is created,
+-- so it walks the primary key up to the cutoff's UUIDv7.
 CREATE INDEX agent_runs_tenant_idx ON agent_runs (tenant_id, id);
 
 CREATE INDEX agent_runs_dead_idx ON agent_runs (id) WHERE status = 'dead';
-
--- Retention deletes finished runs oldest first.
-CREATE INDEX agent_runs_finished_idx
-    ON agent_runs (finished_at)
-    WHERE finished_at IS NOT NULL;
 
 -- Events of a run, in order. seq is handed out under the run's row lock, so
 -- events become visible in seq order and a stream can resume after any seq.
@@ -138,16 +135,68 @@ CREATE TABLE agent_run_steps (
     PRIMARY KEY (run_id, step_key)
 );
 
--- Claim candidates: for each priority level of the pool that has pending runs,
--- the first p_per_level available ones in fair order, locked with SKIP LOCKED,
--- skipping the tenants in p_skip. Each row carries its level's effective
--- priority: the level's priority plus one per priority_aging_s seconds that
--- its longest-waiting candidate has waited, so a low level cannot starve.
-CREATE FUNCTION runlease_claim_candidates(
-    p_pool text, p_now timestamptz, p_per_level integer, p_skip text[], p_aging_s integer
-) RETURNS TABLE (id uuid, tenant_id text, priority integer, fair_seq bigint, score double precision)
-LANGUAGE sql
+-- Claim up to p_n runs of a pool for one worker: one call, one short
+-- transaction, plans cached by PL/pgSQL.
+--
+-- Candidates: for each priority level of the pool that has pending runs, the
+-- first p_n available ones in fair order (fair_seq), locked with SKIP LOCKED.
+-- Each level's effective priority is its priority plus one per
+-- priority_aging_s seconds its longest-waiting candidate has waited, so a low
+-- level cannot starve; the best p_n candidates by that order are leased.
+--
+-- Tenant limits: when the pool has any, claimers serialize per limited tenant
+-- on a transaction-level advisory lock and count that tenant's leases in a
+-- statement that starts after the lock is held, so the count includes every
+-- claim committed before: never more than L leased, however many workers
+-- claim at once. A single statement cannot do this, its snapshot predates
+-- any lock it takes; hence a function.
+CREATE FUNCTION runlease_claim(
+    p_pool text, p_worker text, p_n integer, p_lease_s integer, p_now timestamptz
+) RETURNS SETOF agent_runs
+LANGUAGE plpgsql
+-- Custom plans would be re-planned at every call (the planning costs more
+-- than the claim); the generic plans use the same indexes.
+SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    v_now     timestamptz := coalesce(p_now, now());
+    v_lease_s       integer;
+    v_default_limit integer;
+    v_aging_s       integer;
+    v_limited boolean;
+    v_skip    text[] := '{}';
+    v_ids     uuid[];
+    v_tenants text[];
+    v_prios   integer[];
+    v_fair    bigint[];
+    v_scores  double precision[];
+BEGIN
+    SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s,
+           p.default_max_in_flight IS NOT NULL
+           OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p_pool)
+      INTO v_lease_s, v_default_limit, v_aging_s, v_limited
+      FROM agent_run_pools p WHERE p.name = p_pool;
+    IF NOT FOUND OR p_n < 1 THEN
+        RETURN;
+    END IF;
+
+    IF v_limited THEN
+        -- Tenants at their limit by this snapshot: only a hint that keeps
+        -- their runs out of the candidates; the exact count comes after the locks.
+        SELECT coalesce(array_agg(x.tenant_id), '{}') INTO v_skip
+          FROM (SELECT l.tenant_id
+                  FROM (SELECT r.tenant_id, count(*) AS n
+                          FROM agent_runs r
+                         WHERE r.pool = p_pool AND r.status = 'leased'
+                         GROUP BY r.tenant_id) l
+                  LEFT JOIN agent_run_tenant_limits t
+                    ON t.pool = p_pool AND t.tenant_id = l.tenant_id
+                 WHERE l.n >= coalesce(t.max_in_flight, v_default_limit)
+                UNION
+                SELECT t.tenant_id FROM agent_run_tenant_limits t
+                 WHERE t.pool = p_pool AND t.max_in_flight = 0) x;
+    END IF;
+
     WITH RECURSIVE levels (priority) AS (
         (SELECT r.priority FROM agent_runs r
           WHERE r.pool = p_pool AND r.status = 'pending'
@@ -159,7 +208,12 @@ AS $$
           FROM levels l
          WHERE l.priority IS NOT NULL
     ), candidates AS (
-        SELECT c.*
+        SELECT c.*,
+               c.priority + CASE WHEN v_aging_s > 0
+                                 THEN max(extract(epoch FROM v_now - c.available_at))
+                                          OVER (PARTITION BY c.priority)
+                                      / v_aging_s
+                                 ELSE 0 END AS score
           FROM levels l
          CROSS JOIN LATERAL (
                 SELECT r.id, r.tenant_id, r.priority, r.fair_seq, r.available_at
@@ -167,104 +221,34 @@ AS $$
                  WHERE r.pool = p_pool
                    AND r.status = 'pending'
                    AND r.priority = l.priority
-                   AND r.available_at <= p_now
+                   AND r.available_at <= v_now
                    AND r.cancel_requested_at IS NULL
-                   AND r.tenant_id <> ALL (p_skip)
+                   AND r.tenant_id <> ALL (v_skip)
                  ORDER BY r.fair_seq, r.id
-                 LIMIT p_per_level
+                 LIMIT p_n
                    FOR UPDATE SKIP LOCKED
                ) c
          WHERE l.priority IS NOT NULL
     )
-    SELECT c.id, c.tenant_id, c.priority, c.fair_seq,
-           c.priority + CASE WHEN p_aging_s > 0
-                             THEN max(extract(epoch FROM p_now - c.available_at))
-                                      OVER (PARTITION BY c.priority) / p_aging_s
-                             ELSE 0 END
-      FROM candidates c
-$$;
-
--- Claim up to p_n runs of a pool for one worker. One call, one short
--- transaction. Pools without tenant limits take one statement. With limits,
--- claimers serialize per limited tenant on a transaction-level advisory lock
--- and count that tenant's leases in a statement that starts after the lock is
--- held, so the count includes every claim that committed before; that is what
--- keeps "never more than L leased" true when many workers claim at once.
-CREATE FUNCTION runlease_claim(
-    p_pool text, p_worker text, p_n integer, p_lease_s integer, p_now timestamptz
-) RETURNS SETOF agent_runs
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_now     timestamptz := coalesce(p_now, now());
-    v_pool    agent_run_pools%ROWTYPE;
-    v_lease   interval;
-    v_skip    text[];
-    v_ids     uuid[];
-    v_tenants text[];
-    v_prios   integer[];
-    v_fair    bigint[];
-    v_scores  double precision[];
-BEGIN
-    SELECT * INTO v_pool FROM agent_run_pools WHERE name = p_pool;
-    IF NOT FOUND OR p_n < 1 THEN
-        RETURN;
-    END IF;
-    v_lease := make_interval(secs => coalesce(p_lease_s, v_pool.lease_s));
-
-    IF v_pool.default_max_in_flight IS NULL
-       AND NOT EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p_pool) THEN
-        RETURN QUERY
-        WITH chosen AS (
-            SELECT c.id, row_number() OVER (ORDER BY c.score DESC, c.priority DESC,
-                                                     c.fair_seq, c.id) AS nth
-              FROM runlease_claim_candidates(p_pool, v_now, p_n, '{}', v_pool.priority_aging_s) c
-             ORDER BY nth
-             LIMIT p_n
-        ), leased AS (
-            UPDATE agent_runs r
-               SET status = 'leased', locked_by = p_worker, locked_until = v_now + v_lease,
-                   attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
-              FROM chosen
-             WHERE r.id = chosen.id
-            RETURNING r.*
-        )
-        SELECT leased.* FROM leased JOIN chosen USING (id) ORDER BY chosen.nth;
-        RETURN;
-    END IF;
-
-    -- Tenants at their limit by this snapshot; only a hint that keeps their
-    -- runs out of the candidates. The exact count comes after the locks.
-    SELECT coalesce(array_agg(x.tenant_id), '{}') INTO v_skip
-      FROM (SELECT l.tenant_id
-              FROM (SELECT r.tenant_id, count(*) AS n
-                      FROM agent_runs r
-                     WHERE r.pool = p_pool AND r.status = 'leased'
-                     GROUP BY r.tenant_id) l
-              LEFT JOIN agent_run_tenant_limits t
-                ON t.pool = p_pool AND t.tenant_id = l.tenant_id
-             WHERE l.n >= coalesce(t.max_in_flight, v_pool.default_max_in_flight)
-            UNION
-            SELECT t.tenant_id FROM agent_run_tenant_limits t
-             WHERE t.pool = p_pool AND t.max_in_flight = 0) x;
-
     SELECT array_agg(c.id), array_agg(c.tenant_id), array_agg(c.priority),
            array_agg(c.fair_seq), array_agg(c.score)
       INTO v_ids, v_tenants, v_prios, v_fair, v_scores
-      FROM runlease_claim_candidates(p_pool, v_now, p_n, v_skip, v_pool.priority_aging_s) c;
+      FROM candidates c;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
 
-    -- Lock every limited tenant among the candidates, in one global order so
-    -- two claimers can never wait for each other in a cycle.
-    PERFORM pg_advisory_xact_lock(1381322316, k.key)
-       FROM (SELECT DISTINCT hashtext(p_pool || '/' || c.tenant_id) AS key
-               FROM unnest(v_tenants) AS c (tenant_id)
-               LEFT JOIN agent_run_tenant_limits t
-                 ON t.pool = p_pool AND t.tenant_id = c.tenant_id
-              WHERE coalesce(t.max_in_flight, v_pool.default_max_in_flight) IS NOT NULL
-              ORDER BY 1) k;
+    IF v_limited THEN
+        -- Lock every limited tenant among the candidates, in one global order
+        -- so two claimers can never wait for each other in a cycle.
+        PERFORM pg_advisory_xact_lock(1381322316, k.key)
+           FROM (SELECT DISTINCT hashtext(p_pool || '/' || c.tenant_id) AS key
+                   FROM unnest(v_tenants) AS c (tenant_id)
+                   LEFT JOIN agent_run_tenant_limits t
+                     ON t.pool = p_pool AND t.tenant_id = c.tenant_id
+                  WHERE coalesce(t.max_in_flight, v_default_limit) IS NOT NULL
+                  ORDER BY 1) k;
+    END IF;
 
     -- A new statement, so a new snapshot: it sees every claim committed by
     -- whoever held a tenant's lock before us. The candidates are still ours:
@@ -278,24 +262,26 @@ BEGIN
                AS c (id, tenant_id, priority, fair_seq, score)
     ), room AS (
         SELECT d.tenant_id,
-               coalesce(t.max_in_flight, v_pool.default_max_in_flight)
+               coalesce(t.max_in_flight, v_default_limit)
                - (SELECT count(*) FROM agent_runs r
                    WHERE r.pool = p_pool AND r.tenant_id = d.tenant_id
                      AND r.status = 'leased') AS free
           FROM (SELECT DISTINCT tenant_id FROM candidates) d
           LEFT JOIN agent_run_tenant_limits t
             ON t.pool = p_pool AND t.tenant_id = d.tenant_id
+         WHERE v_limited
     ), chosen AS (
         SELECT c.id, row_number() OVER (ORDER BY c.score DESC, c.priority DESC,
                                                  c.fair_seq, c.id) AS nth
           FROM candidates c
-          JOIN room USING (tenant_id)
+          LEFT JOIN room USING (tenant_id)
          WHERE room.free IS NULL OR c.nth <= room.free
          ORDER BY nth
          LIMIT p_n
     ), leased AS (
         UPDATE agent_runs r
-           SET status = 'leased', locked_by = p_worker, locked_until = v_now + v_lease,
+           SET status = 'leased', locked_by = p_worker, locked_until = v_now
+               + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
                attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
           FROM chosen
          WHERE r.id = chosen.id

@@ -1,0 +1,215 @@
+"""Claim + ack throughput: runlease's store against the raw-SQL floor.
+
+    python bench/claim.py [--database-url URL] [--jobs 20000] [--json]
+
+For K = 1, 2, 4 concurrent claimers (one process and one connection each),
+at batch 1 and batch 50, each claimer loops claim -> ack until the queue is
+empty:
+
+- raw:     the seed design note's claim and ack statements issued directly
+           with psycopg on the seed's table and indexes, no library code;
+- store:   runlease's RunStore (claim() and ack_many()), tenant limits off;
+- limits:  the same with a per-tenant limit configured on the pool (high
+           enough never to bind), so the limit path runs: tenant locks and
+           the in-flight count.
+
+All on one server in one run. Without --database-url a durable embedded
+PostgreSQL is started (fsync on, as in production).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import emit_json, fresh_database, print_table, server, timed_processes
+
+from runlease.db.connect import make_pool
+from runlease.db.models import Pool
+from runlease.db.store import NewRun, RunStore
+
+TENANTS = 10
+
+# The seed note's table, indexes and statements (shared/seed), verbatim in
+# substance: this is the floor a hand-written queue would reach.
+SEED_SCHEMA = """
+CREATE TABLE seed_agent_runs (
+  id                uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+  tenant_id         text NOT NULL,
+  status            text NOT NULL
+                    CHECK (status IN ('pending', 'leased', 'done', 'dead', 'cancelled')),
+  priority          int  NOT NULL DEFAULT 0,
+  attempts          int  NOT NULL DEFAULT 0,
+  max_attempts      int  NOT NULL DEFAULT 3,
+  available_at      timestamptz NOT NULL DEFAULT now(),
+  locked_until      timestamptz,
+  locked_by         text,
+  cancel_requested_at timestamptz,
+  budget_json       jsonb NOT NULL DEFAULT '{}'::jsonb,
+  input_json        jsonb NOT NULL,
+  error_code        text,
+  error_message     text,
+  created_at        timestamptz NOT NULL DEFAULT now(),
+  updated_at        timestamptz NOT NULL DEFAULT now(),
+  finished_at       timestamptz
+);
+CREATE INDEX seed_claim_idx ON seed_agent_runs (priority DESC, available_at, created_at)
+  WHERE status = 'pending';
+CREATE INDEX seed_lease_idx ON seed_agent_runs (locked_until) WHERE status = 'leased';
+"""
+
+SEED_CLAIM = """
+WITH cte AS (
+  SELECT id FROM seed_agent_runs
+   WHERE status = 'pending' AND available_at <= now()
+   ORDER BY priority DESC, available_at, created_at
+   FOR UPDATE SKIP LOCKED
+   LIMIT %(n)s
+)
+UPDATE seed_agent_runs AS r
+   SET status = 'leased', locked_by = %(worker)s,
+       locked_until = now() + (%(lease_s)s * interval '1 second'),
+       attempts = r.attempts + 1, updated_at = now()
+  FROM cte
+ WHERE r.id = cte.id
+RETURNING r.id, r.tenant_id, r.attempts, r.max_attempts, r.budget_json, r.input_json,
+          r.cancel_requested_at
+"""
+
+SEED_ACK = """
+UPDATE seed_agent_runs
+   SET status = 'done', locked_by = NULL, locked_until = NULL,
+       finished_at = now(), updated_at = now()
+ WHERE id = ANY(%(ids)s) AND status = 'leased' AND locked_by = %(worker)s
+"""
+
+
+def raw_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
+    done = 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        ready.wait()
+        while True:
+            rows = conn.execute(SEED_CLAIM, {"n": batch, "worker": worker, "lease_s": 45},
+                                prepare=True).fetchall()
+            if not rows:
+                break
+            conn.execute(SEED_ACK, {"ids": [r[0] for r in rows], "worker": worker},
+                         prepare=True)
+            done += len(rows)
+    results.put(done)
+
+
+def store_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
+    async def loop() -> int:
+        done = 0
+        async with make_pool(url, min_size=1, max_size=1) as pool:
+            store = RunStore(pool)
+            async with pool.connection() as conn:
+                await asyncio.to_thread(ready.wait)
+                while leases := await store.claim("bench", worker, batch, conn=conn):
+                    if batch == 1:
+                        await store.ack(leases[0], conn=conn)
+                    else:
+                        lost = await store.ack_many([(lease, None) for lease in leases],
+                                                    conn=conn)
+                        assert not lost
+                    done += len(leases)
+        return done
+
+    results.put(asyncio.run(loop()))
+
+
+def load_seed(url: str, jobs: int) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS seed_agent_runs")
+        conn.execute(SEED_SCHEMA)
+        conn.execute(
+            "INSERT INTO seed_agent_runs (tenant_id, status, input_json)"
+            " SELECT 't' || (g %% %s), 'pending', '{}' FROM generate_series(1, %s) g",
+            (TENANTS, jobs),
+        )
+        conn.execute("VACUUM ANALYZE seed_agent_runs")
+
+
+def load_store(url: str, jobs: int, limits: bool) -> float:
+    async def go() -> float:
+        async with make_pool(url, max_size=1) as pool:
+            store = RunStore(pool)
+            async with store.connection() as conn:
+                await conn.execute("TRUNCATE agent_runs CASCADE")
+            await store.upsert_pool(Pool("bench", default_max_in_flight=10_000 if limits else None))
+            t0 = time.perf_counter()
+            for start in range(0, jobs, 1000):
+                await store.enqueue_many("bench", [
+                    NewRun(f"t{i % TENANTS}", {}) for i in range(start, min(jobs, start + 1000))
+                ])
+            elapsed = time.perf_counter() - t0
+            async with store.connection() as conn:
+                await conn.execute("VACUUM ANALYZE agent_runs")
+            return elapsed
+
+    return asyncio.run(go())
+
+
+def measure(url: str, kind: str, k: int, batch: int, jobs: int) -> float:
+    if kind == "raw":
+        load_seed(url, jobs)
+        target = raw_claimer
+    else:
+        load_store(url, jobs, limits=(kind == "limits"))
+        target = store_claimer
+    elapsed, counts = timed_processes(target, lambda i: (url, f"bench-{i}", batch), k)
+    if sum(counts) != jobs:
+        raise SystemExit(f"{kind} K={k} batch={batch}: processed {sum(counts)} of {jobs}")
+    return jobs / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--claimers", default="1,2,4")
+    parser.add_argument("--batches", default="1,50")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    ks = [int(k) for k in args.claimers.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+
+    figures: dict[str, Any] = {"jobs": args.jobs, "results": []}
+    with server(args.database_url) as base_url:
+        url = fresh_database(base_url, "runlease_bench_claim")
+        figures["server"] = psycopg.connect(url).execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        enqueue_s = load_store(url, args.jobs, limits=False)
+        figures["enqueue_jobs_per_s"] = args.jobs / enqueue_s
+        rows = []
+        for batch in batches:
+            for k in ks:
+                rates = {kind: measure(url, kind, k, batch, args.jobs)
+                         for kind in ("raw", "store", "limits")}
+                result = {"claimers": k, "batch": batch, **{f"{kind}_jobs_per_s": rate
+                                                           for kind, rate in rates.items()},
+                          "store_vs_raw": rates["store"] / rates["raw"],
+                          "limits_vs_store": rates["limits"] / rates["store"]}
+                figures["results"].append(result)
+                rows.append([k, batch, rates["raw"], rates["store"], rates["limits"],
+                             result["store_vs_raw"], result["limits_vs_store"]])
+                if not args.json:
+                    print(f"  measured K={k} batch={batch}", file=sys.stderr)
+    if args.json:
+        emit_json(figures)
+        return
+    print(f"\nclaim + ack of {args.jobs:,} runs, PostgreSQL {figures['server']}, "
+          f"enqueue {figures['enqueue_jobs_per_s']:,.0f} runs/s (batches of 1000)\n")
+    print_table(["K", "batch", "raw jobs/s", "store jobs/s", "limits jobs/s", "store/raw",
+                 "limits/store"], rows)
+
+
+if __name__ == "__main__":
+    main()
