@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,11 +10,12 @@ from pathlib import Path
 
 import click
 
-from runlease import __version__
+from runlease import __version__, logs
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate as apply_migrations
 from runlease.db.migrate import pending
 from runlease.errors import RunleaseError
+from runlease.settings import WorkerSettings, click_options, load
 
 DATA_DIR_DEFAULT = ".runlease"
 
@@ -50,9 +50,11 @@ def database(url: str | None, data_dir: Path) -> Iterator[str]:
 @click.group()
 @click.version_option(__version__, prog_name="runlease")
 @click.option("--log-level", default="INFO", show_default=True, envvar="RUNLEASE_LOG_LEVEL")
-def main(log_level: str) -> None:
+@click.option("--log-json/--no-log-json", default=False, envvar="RUNLEASE_LOG_JSON",
+              help="One JSON object per log line [env: RUNLEASE_LOG_JSON].")
+def main(log_level: str, log_json: bool) -> None:
     """runlease: a durable run queue for long-running AI agent runs."""
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logs.configure(log_level, json_lines=log_json)
 
 
 @main.command()
@@ -82,6 +84,17 @@ def demo(database_url: str | None, data_dir: Path, runs: int) -> None:
     with database(database_url, data_dir) as url:
         apply_migrations(url)
         asyncio.run(run_demo(url, runs, echo=click.echo))
+
+
+@main.command()
+@click_options(WorkerSettings)
+def worker(**options: object) -> None:
+    """Claim and run a pool's runs (one per pod). Every option is also a
+    RUNLEASE_* environment variable; SIGTERM drains."""
+    from runlease.worker.worker import Worker
+
+    settings = load(WorkerSettings, options)
+    sys.exit(asyncio.run(Worker(settings).run()))
 
 
 def run() -> None:

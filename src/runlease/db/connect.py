@@ -8,7 +8,7 @@ cannot route them); LISTEN never goes through these pools.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
@@ -19,6 +19,18 @@ Conn = AsyncConnection[DictRow]
 # psycopg's default: prepare a statement after it ran this many times.
 PREPARE_THRESHOLD = 5
 
+# A cut network must surface as an error within seconds, not after the
+# kernel's 15-minute retransmission timeout: a worker that cannot renew must
+# know it, and a LISTEN session must reconnect.
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+    "connect_timeout": 5,
+}
+
 
 def _kwargs(prepare: bool, application_name: str) -> dict[str, object]:
     return {
@@ -26,6 +38,7 @@ def _kwargs(prepare: bool, application_name: str) -> dict[str, object]:
         "row_factory": dict_row,
         "prepare_threshold": PREPARE_THRESHOLD if prepare else None,
         "application_name": application_name,
+        **KEEPALIVES,
     }
 
 

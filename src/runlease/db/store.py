@@ -586,3 +586,40 @@ class RunStore:
     async def tenant_limits(self, pool: str, *, conn: Conn | None = None) -> dict[str, int]:
         rows = await self._rows("tenant_limits_list", {"pool": pool}, conn)
         return {r["tenant_id"]: r["max_in_flight"] for r in rows}
+
+    # -- retention and leader election -------------------------------------
+
+    async def delete_finished(
+        self, retention_s: int, *, batch: int = 1000, conn: Conn | None = None
+    ) -> int:
+        """Delete runs that finished more than retention_s ago (one batch)."""
+        rows = await self._rows(
+            "run_retention_delete", {"retention_s": retention_s, "batch": batch}, conn
+        )
+        return len(rows)
+
+    async def leader_acquire(
+        self, name: str, me: str, ttl_s: float, *, conn: Conn | None = None
+    ) -> int | None:
+        """Take the role if nobody holds it live; returns the new term."""
+        rows = await self._rows("leader_acquire", {"name": name, "me": me, "ttl_s": ttl_s},
+                                conn)
+        return int(rows[0]["term"]) if rows else None
+
+    async def leader_renew(
+        self, name: str, me: str, term: int, ttl_s: float, *, conn: Conn | None = None
+    ) -> bool:
+        rows = await self._rows(
+            "leader_renew", {"name": name, "me": me, "term": term, "ttl_s": ttl_s}, conn
+        )
+        return bool(rows)
+
+    async def leader_resign(
+        self, name: str, me: str, term: int, *, conn: Conn | None = None
+    ) -> None:
+        await self._rows("leader_resign", {"name": name, "me": me, "term": term}, conn)
+
+    async def leader_get(self, name: str, *, conn: Conn | None = None) -> dict[str, Any] | None:
+        rows = await self._rows("leader_get", {"name": name}, conn)
+        return dict(rows[0]) if rows else None
+

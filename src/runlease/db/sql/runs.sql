@@ -346,3 +346,26 @@ SELECT * FROM agent_runs
    AND (%(before)s::uuid IS NULL OR id < %(before)s::uuid)
  ORDER BY id DESC
  LIMIT %(limit)s;
+
+
+-- name: run_retention_delete
+-- Delete finished runs (and, by cascade, their events and steps) that
+-- finished before the cutoff, in one bounded batch. A run finishes after it
+-- is created and ids are UUIDv7, so only ids below the cutoff's UUIDv7 can
+-- qualify: the primary key bounds the scan, no finished_at index needed.
+WITH cutoff AS (
+    SELECT ts, (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0')
+                || repeat('0', 20))::uuid AS id
+      FROM (SELECT coalesce(%(now)s::timestamptz, now())
+                   - make_interval(secs => %(retention_s)s) AS ts) t
+), doomed AS (
+    SELECT r.id
+      FROM agent_runs r, cutoff
+     WHERE r.id < cutoff.id
+       AND r.finished_at < cutoff.ts
+     ORDER BY r.id
+     LIMIT %(batch)s
+       FOR UPDATE OF r SKIP LOCKED
+)
+DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
+RETURNING r.id;

@@ -135,6 +135,16 @@ CREATE TABLE agent_run_steps (
     PRIMARY KEY (run_id, step_key)
 );
 
+-- Leader election (runlease.services.leader): one row per role, such as the
+-- reaper; whoever finds it expired takes it, and the term grows at every change.
+CREATE TABLE runlease_leaders (
+    name       text        PRIMARY KEY,
+    leader_id  text        NOT NULL,
+    term       bigint      NOT NULL CHECK (term > 0),
+    elected_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+
 -- Claim up to p_n runs of a pool for one worker: one call, one short
 -- transaction, plans cached by PL/pgSQL.
 --

@@ -1,0 +1,1 @@
+"""Built-in agents: `runlease.agents.script:agent` and `runlease.agents.openai:agent`."""

@@ -1,0 +1,80 @@
+"""The scripted agent: runs the steps listed in the run's input.
+
+    {"steps": [
+        {"sleep": 0.5},
+        {"shell": ["sh", "-c", "make test"], "timeout_s": 300},
+        {"emit": {"text": "hello"}},
+        {"fail": "retryable", "until_attempt": 3}
+    ]}
+
+Each step is a durable step keyed by its index: a step committed by an
+earlier attempt is not run again. A step's result records the lease epoch,
+the attempt and the worker-side start and end instants, which the chaos test
+uses to prove leases never overlapped. `fail` steps fail on every attempt
+before `until_attempt` (always, without it) and pass from then on; a shell
+step that exits non-zero is a retryable failure.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+from runlease.worker import FatalError, RetryableError, RunContext
+
+
+async def agent(ctx: RunContext) -> dict[str, Any]:
+    steps = ctx.input.get("steps", [])
+    if not isinstance(steps, list):
+        raise FatalError("input.steps must be a list")
+    results = []
+    for index, spec in enumerate(steps):
+        if not isinstance(spec, dict) or not spec:
+            raise FatalError(f"input.steps[{index}] must be an object")
+        if "fail" in spec:
+            _maybe_fail(ctx, index, spec)
+            continue
+        result = await ctx.step(f"{index}", partial(_run_step, ctx, index, spec))
+        results.append(result)
+    return {"steps": len(results)}
+
+
+def _maybe_fail(ctx: RunContext, index: int, spec: dict[str, Any]) -> None:
+    kind = spec["fail"]
+    until = spec.get("until_attempt")
+    if until is not None and ctx.attempt >= int(until):
+        return
+    message = f"step {index} fails on attempt {ctx.attempt}"
+    if kind == "fatal":
+        raise FatalError(message)
+    if kind == "retryable":
+        raise RetryableError(message)
+    raise FatalError(f"input.steps[{index}].fail must be 'retryable' or 'fatal'")
+
+
+async def _run_step(ctx: RunContext, index: int, spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.time()
+    out: dict[str, Any] = {"step": index, "lease_epoch": ctx.lease_epoch,
+                           "attempt": ctx.attempt, "started_at": started}
+    if "sleep" in spec:
+        await ctx.sleep(float(spec["sleep"]))
+    elif "shell" in spec:
+        argv = spec["shell"]
+        if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+            raise FatalError(f"input.steps[{index}].shell must be a list of strings")
+        result = await ctx.run_tool(argv, timeout_s=spec.get("timeout_s"))
+        if not result.ok:
+            raise RetryableError(
+                f"step {index}: {argv[0]} exited {result.returncode}: {result.stderr[-500:]}")
+        out["returncode"] = result.returncode
+        out["stdout"] = result.stdout[-2000:]
+    elif "emit" in spec:
+        data = spec["emit"]
+        if not isinstance(data, dict):
+            raise FatalError(f"input.steps[{index}].emit must be an object")
+        out["seq"] = await ctx.emit(str(spec.get("kind", "message")), data)
+    else:
+        raise FatalError(f"input.steps[{index}] has no known action: {sorted(spec)}")
+    out["ended_at"] = time.time()
+    return out

@@ -1,0 +1,58 @@
+"""Every Prometheus metric runlease exports, defined in one place.
+
+Dashboards and alerts (charts/) may only name metrics defined here; a test
+checks it. Label values are bounded: pools, tenants, outcomes, error codes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    2.5, 5.0)
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+# -- worker ------------------------------------------------------------------
+RUNS_CLAIMED = Counter("runlease_runs_claimed_total", "Runs claimed by this worker.", ["pool"])
+RUNS_FINISHED = Counter(
+    "runlease_runs_finished_total",
+    "Runs this worker finished, by outcome: done, retrying, dead, cancelled, released, "
+    "lease_lost, self_fenced.",
+    ["pool", "outcome"],
+)
+RUNS_IN_FLIGHT = Gauge("runlease_runs_in_flight", "Runs this worker holds now.",
+                       ["pool", "tenant"])
+HEARTBEATS = Counter("runlease_heartbeats_total", "Lease renewal statements, by result.",
+                     ["pool", "result"])
+LEASES_LOST = Counter("runlease_leases_lost_total",
+                      "Runs whose renewal or fenced write found the lease gone.", ["pool"])
+SELF_FENCED = Counter(
+    "runlease_self_fenced_total",
+    "Runs stopped by the worker's own clock because it could not renew in time.", ["pool"])
+STALE_WRITES = Counter(
+    "runlease_stale_writes_rejected_total",
+    "Fenced writes (ack, nack, event, step...) that matched no row: the lease was gone.",
+    ["pool"])
+CANCELS = Counter("runlease_cancels_total", "Cancel requests this worker acted on.", ["pool"])
+CANCEL_LATENCY = Histogram(
+    "runlease_cancel_latency_seconds",
+    "From the cancel request (database time) to the run finalized cancelled.",
+    ["pool"], buckets=_LATENCY_BUCKETS)
+CLAIM_LATENCY = Histogram("runlease_claim_latency_seconds", "Duration of one claim statement.",
+                          ["pool"], buckets=_LATENCY_BUCKETS)
+RUN_DURATION = Histogram("runlease_run_duration_seconds",
+                         "Time from claim to outcome of one attempt.", ["pool", "outcome"],
+                         buckets=_DURATION_BUCKETS)
+WORKER_DRAINING = Gauge("runlease_worker_draining", "1 while this worker drains.", ["pool"])
+WORKER_SLOTS = Gauge("runlease_worker_slots", "Run slots of this worker (its concurrency).",
+                     ["pool"])
+
+# -- services (reaper and leader election), in workers, the operator, dev --------
+REAPED = Counter("runlease_reaped_total",
+                 "Expired leases the reaper handled, by where the run went: pending, dead, "
+                 "cancelled.", ["pool", "to"])
+RETENTION_DELETED = Counter("runlease_retention_deleted_total",
+                            "Finished runs deleted by retention.")
+LEADER = Gauge("runlease_leader", "1 while this process is the elected leader.", ["name"])
+LEADER_CHANGES = Counter("runlease_leader_changes_total",
+                         "Times this process gained or lost leadership.", ["name", "change"])

@@ -1,0 +1,1 @@
+"""Background loops shared by processes: leader election, the reaper, the listener."""

@@ -1,0 +1,70 @@
+"""The reaper: expired leases back to the queue, and retention.
+
+Only the elected leader runs it (so a fleet does not reap in step); the
+reap statement itself is safe to run concurrently, so a brief overlap while
+leadership changes hands costs nothing but work.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from runlease import metrics
+from runlease.db.store import RunStore
+from runlease.services.leader import LeaderElector
+from runlease.services.loop import PeriodicService
+
+log = logging.getLogger(__name__)
+
+
+class Reaper(PeriodicService):
+    name = "reaper"
+
+    def __init__(
+        self,
+        store: RunStore,
+        elector: LeaderElector,
+        *,
+        interval_s: float = 5.0,
+        retention_s: int = 7 * 24 * 3600,
+        batch: int = 1000,
+        max_batches: int = 20,
+    ) -> None:
+        super().__init__(interval_s)
+        self.store = store
+        self.elector = elector
+        self.retention_s = retention_s
+        self.batch = batch
+        self.max_batches = max_batches
+
+    async def run_once(self) -> None:
+        if not self.elector.is_leader:
+            return
+        await self.reap()
+        if self.retention_s > 0:
+            await self.retain()
+
+    async def reap(self) -> int:
+        total = 0
+        for _ in range(self.max_batches):
+            result = await self.store.reap(batch=self.batch)
+            for run_id, pool, tenant, status in result.reaped:
+                metrics.REAPED.labels(pool, status).inc()
+                log.warning("run_reaped run_id=%s pool=%s tenant=%s to=%s", run_id, pool,
+                            tenant, status)
+            total += result.total
+            if result.total < self.batch:
+                break
+        return total
+
+    async def retain(self) -> int:
+        total = 0
+        for _ in range(self.max_batches):
+            deleted = await self.store.delete_finished(self.retention_s, batch=self.batch)
+            total += deleted
+            if deleted < self.batch:
+                break
+        if total:
+            metrics.RETENTION_DELETED.inc(total)
+            log.info("retention_deleted runs=%d", total)
+        return total

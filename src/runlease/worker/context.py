@@ -1,0 +1,226 @@
+"""RunContext: what agent code gets, and the only door it has to the queue.
+
+    async def agent(ctx: RunContext) -> dict | None:
+        await ctx.begin_turn()                      # counts against max_turns
+        answer = await ctx.step("plan", call_model) # durable: not run again on retry
+        result = await ctx.run_tool(["pytest", "-q"], timeout_s=300)
+        await ctx.emit("message", {"text": answer})
+        return {"answer": answer}
+
+Every write goes through the run's lease (fenced); a write that finds the
+lease gone raises LeaseLost and the worker stops the run. Transient database
+trouble is retried here until the worker's own fencing gives up, so agents
+do not see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from runlease.core.bounds import Budget
+from runlease.db.models import Lease, Step
+from runlease.db.store import RunStore
+from runlease.errors import DatabaseUnavailable
+from runlease.services.loop import sleep
+from runlease.worker.errors import BudgetExceeded, RunCancelled, ToolTimeout
+from runlease.worker.http import CancellableHttp
+from runlease.worker.tools import ToolResult, ToolRunner
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+DELTA_FLUSH_S = 0.05
+DELTA_FLUSH_CHARS = 2048
+
+
+class RunContext:
+    def __init__(
+        self,
+        lease: Lease,
+        store: RunStore,
+        *,
+        steps: Mapping[str, Step],
+        cancel: asyncio.Event,
+        tools: ToolRunner,
+        started: float | None = None,
+    ) -> None:
+        self.lease = lease
+        self.store = store
+        self._steps = dict(steps)
+        self._cancel = cancel
+        self._tools = tools
+        self._started = time.monotonic() if started is None else started
+        self.budget = Budget.parse(lease.run.budget_json)
+        self.turns = 0
+        self.tool_calls = 0
+        self.http = CancellableHttp(cancel)
+        self._write_lock = asyncio.Lock()
+        self._deltas: list[str] = []
+        self._delta_kind = "message.delta"
+        self._delta_flush: asyncio.Task[None] | None = None
+
+    # -- what the run is ------------------------------------------------------
+
+    @property
+    def run_id(self) -> Any:
+        return self.lease.run.id
+
+    @property
+    def tenant_id(self) -> str:
+        return self.lease.run.tenant_id
+
+    @property
+    def pool(self) -> str:
+        return self.lease.run.pool
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.run.attempts
+
+    @property
+    def lease_epoch(self) -> int:
+        return self.lease.epoch
+
+    @property
+    def input(self) -> dict[str, Any]:
+        return self.lease.run.input_json
+
+    # -- cancellation and budgets ------------------------------------------------
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def deadline_left_s(self) -> float | None:
+        if self.budget.deadline_s is None:
+            return None
+        return self.budget.deadline_s - (time.monotonic() - self._started)
+
+    async def check(self) -> None:
+        """Raise RunCancelled after a Stop, BudgetExceeded past the deadline."""
+        if self._cancel.is_set():
+            raise RunCancelled("the run was cancelled")
+        left = self.deadline_left_s
+        if left is not None and left <= 0:
+            raise BudgetExceeded(f"deadline of {self.budget.deadline_s} s exceeded")
+
+    async def begin_turn(self) -> int:
+        """Count one model turn against max_turns; returns the turn number."""
+        await self.check()
+        self.turns += 1
+        if self.budget.max_turns is not None and self.turns > self.budget.max_turns:
+            raise BudgetExceeded(f"max_turns of {self.budget.max_turns} exceeded")
+        return self.turns
+
+    def count_tool_call(self) -> int:
+        self.tool_calls += 1
+        if self.budget.max_tool_calls is not None and self.tool_calls > self.budget.max_tool_calls:
+            raise BudgetExceeded(f"max_tool_calls of {self.budget.max_tool_calls} exceeded")
+        return self.tool_calls
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, but wake with RunCancelled as soon as the run is cancelled."""
+        if await sleep(seconds, self._cancel):
+            raise RunCancelled("the run was cancelled")
+
+    # -- writes, fenced by the lease ---------------------------------------------
+
+    async def _write(self, op: Callable[[], Awaitable[T]]) -> T:
+        delay = 0.1
+        while True:
+            try:
+                return await op()
+            except DatabaseUnavailable as exc:
+                log.warning("run_write_retry run_id=%s error=%s", self.run_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    async def emit(self, kind: str, data: Mapping[str, Any] | None = None) -> int:
+        """Store an event (redacted, fenced) and notify followers; returns its seq."""
+        await self.flush()
+        async with self._write_lock:
+            return await self._write(lambda: self.store.record_event(self.lease, kind,
+                                                                     data or {}))
+
+    async def delta(self, text: str, kind: str = "message.delta") -> None:
+        """A token delta; deltas are coalesced into one event per ~50 ms."""
+        if self._deltas and kind != self._delta_kind:
+            await self.flush()
+        self._delta_kind = kind
+        self._deltas.append(text)
+        if sum(len(t) for t in self._deltas) >= DELTA_FLUSH_CHARS:
+            await self.flush()
+        elif self._delta_flush is None:
+            self._delta_flush = asyncio.create_task(self._flush_later(), name="delta-flush")
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(DELTA_FLUSH_S)
+        self._delta_flush = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        if self._delta_flush is not None and asyncio.current_task() is not self._delta_flush:
+            self._delta_flush.cancel()
+            self._delta_flush = None
+        if not self._deltas:
+            return
+        text, self._deltas = "".join(self._deltas), []
+        async with self._write_lock:
+            await self._write(lambda: self.store.record_event(self.lease, self._delta_kind,
+                                                              {"text": text}))
+
+    async def step(self, key: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """A durable step: if any attempt committed a result for `key`, return
+        it without calling fn; else await fn() and commit its (JSON) result."""
+        if key in self._steps:
+            cached: T = self._steps[key].result
+            return cached
+        await self.check()
+        result = await fn()
+        await self.flush()
+        await self._write(lambda: self.store.record_step(self.lease, key, result))
+        self._steps[key] = Step(self.run_id, key, result, self.lease.epoch, self.attempt,
+                                _now())
+        return result
+
+    def has_step(self, key: str) -> bool:
+        return key in self._steps
+
+    # -- tools ----------------------------------------------------------------------
+
+    async def run_tool(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ToolResult:
+        """Run a subprocess in its own process group (counts against
+        max_tool_calls); a Stop, the run's deadline or timeout_s ends the whole
+        group: SIGTERM, then SIGKILL after the worker's grace."""
+        await self.check()
+        self.count_tool_call()
+        left = self.deadline_left_s
+        if left is not None:
+            timeout_s = left if timeout_s is None else min(timeout_s, left)
+        try:
+            return await self._tools.run(argv, timeout_s=timeout_s, cwd=cwd, env=env)
+        except ToolTimeout:
+            await self.check()  # the run's deadline, not the tool's own timeout
+            raise
+
+    async def close(self) -> None:
+        if self._delta_flush is not None:
+            self._delta_flush.cancel()
+        await self.http.aclose()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,45 @@
+"""What agent code raises to say how a run ended (besides returning).
+
+    return value          -> ack (done, the value stored as the result)
+    RetryableError        -> nack: retried with backoff, dead at max_attempts
+    any other exception   -> nack, error_code "unexpected"
+    FatalError            -> dead at once
+    BudgetExceeded        -> dead, error_code "budget_exceeded"
+    RunCancelled          -> the user's Stop was seen: cancelled, never retried
+"""
+
+from __future__ import annotations
+
+from runlease.errors import RunleaseError
+
+
+class RetryableError(RunleaseError):
+    """A failure worth another attempt (a flaky model API, a timeout)."""
+
+    default_code = "retryable"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code or self.default_code
+
+
+class FatalError(RunleaseError):
+    """A failure no retry will fix (bad input, a refused request)."""
+
+    default_code = "fatal"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code or self.default_code
+
+
+class BudgetExceeded(FatalError):
+    default_code = "budget_exceeded"
+
+
+class ToolTimeout(RetryableError):
+    default_code = "tool_timeout"
+
+
+class RunCancelled(RunleaseError):
+    """Raised inside agent code once the user asked to stop the run."""

@@ -1,0 +1,78 @@
+"""An HTTP client for agent code whose requests end when the run is cancelled.
+
+A model API streaming tokens can hold a response open for minutes; a Stop
+must close it, not wait for it. Requests and streams made through this
+helper race the run's cancel token: when it is set, the response is closed
+and the agent sees RunCancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from runlease.worker.errors import RunCancelled
+
+
+class CancellableHttp:
+    def __init__(self, cancel: asyncio.Event, *, timeout_s: float = 60.0) -> None:
+        self.cancel = cancel
+        self.timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+        return self._client
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        if self.cancel.is_set():
+            raise RunCancelled("the run was cancelled")
+        call = asyncio.ensure_future(self.client.request(method, url, **kwargs))
+        stop = asyncio.ensure_future(self.cancel.wait())
+        try:
+            done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if call in done:
+                return call.result()
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await call
+            raise RunCancelled("the run was cancelled during an HTTP request")
+        finally:
+            stop.cancel()
+            if not call.done():
+                call.cancel()
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[httpx.Response]:
+        """`async with ctx.http.stream("POST", url, json=...) as response:`; the
+        response is closed as soon as the run is cancelled."""
+        if self.cancel.is_set():
+            raise RunCancelled("the run was cancelled")
+        async with self.client.stream(method, url, **kwargs) as response:
+            async def close_on_cancel() -> None:
+                await self.cancel.wait()
+                await response.aclose()
+
+            watcher = asyncio.create_task(close_on_cancel(), name="http-cancel-watch")
+            try:
+                yield response
+            except (httpx.StreamClosed, httpx.ReadError, httpx.RemoteProtocolError):
+                if self.cancel.is_set():
+                    raise RunCancelled("the run was cancelled during a streamed response") \
+                        from None
+                raise
+            finally:
+                watcher.cancel()
+        if self.cancel.is_set():
+            raise RunCancelled("the run was cancelled during a streamed response")
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

@@ -1,0 +1,138 @@
+"""The lease keeper: one heartbeat statement per interval for every run this
+worker holds, and self-fencing by the worker's own monotonic clock.
+
+A run whose renewal returns no row has lost its lease: it is stopped at once
+and nothing more is written for it. When the database cannot be reached at
+all, each run is stopped when its lease *could* expire — last successful
+renewal (by when the statement was sent) + lease - margin — so before any
+other worker could claim it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from runlease import metrics
+from runlease.db.connect import Conn, connect
+from runlease.db.store import RunStore
+from runlease.errors import RunleaseError
+from runlease.services.loop import Service, sleep
+from runlease.worker.runner import RunHandle, StopReason
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper(Service):
+    name = "lease-keeper"
+
+    def __init__(
+        self,
+        store: RunStore,
+        url: str,
+        worker: str,
+        runs: Mapping[Any, RunHandle],
+        *,
+        pool: str,
+        lease_s: int,
+        interval_s: float,
+        prepare: bool = True,
+        on_lost: Callable[[RunHandle, StopReason], None],
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.url = url
+        self.worker = worker
+        self.runs = runs
+        self.pool = pool
+        self.lease_s = lease_s
+        self.interval_s = interval_s
+        self.prepare = prepare
+        self.on_lost = on_lost
+        self._conn: Conn | None = None
+        self.last_loop = time.monotonic()  # for /healthz
+        self.last_ok: float | None = None
+        self.wakeup = asyncio.Event()
+
+    @property
+    def alive(self) -> bool:
+        return self.running and time.monotonic() - self.last_loop < 3 * self.interval_s + 5
+
+    async def _main(self) -> None:
+        next_beat = time.monotonic() + self.interval_s
+        try:
+            while not self.stopping.is_set():
+                self.last_loop = now = time.monotonic()
+                self.fence(now)
+                if now >= next_beat:
+                    ok = await self.beat()
+                    # After a failure, try again soon: the fence deadline approaches.
+                    next_beat = time.monotonic() + (self.interval_s if ok
+                                                    else min(1.0, self.interval_s))
+                wake_at = min([next_beat, *(h.fence_at for h in self.runs.values()
+                                            if h.writes_allowed)])
+                self.wakeup.clear()
+                await sleep(max(0.0, wake_at - time.monotonic()), self.wakeup)
+        finally:
+            await self._close()
+
+    def fence(self, now: float) -> None:
+        """Stop every run whose lease could expire before another renewal."""
+        for handle in list(self.runs.values()):
+            if handle.writes_allowed and now >= handle.fence_at:
+                metrics.SELF_FENCED.labels(self.pool).inc()
+                log.error("run_self_fenced run_id=%s since_renewal_s=%.2f", handle.run_id,
+                          now - (handle.fence_at - handle.lease_s + handle.margin_s))
+                self.on_lost(handle, StopReason.SELF_FENCED)
+
+    async def beat(self) -> bool:
+        """One renewal of everything held; False when the database did not answer."""
+        held = {h.run_id: h for h in self.runs.values() if h.writes_allowed}
+        if not held:
+            return True
+        sent = time.monotonic()
+        # Never wait past the earliest fence deadline: the fence must act on time.
+        budget = max(0.1, min(h.fence_at for h in held.values()) - sent)
+        try:
+            conn = await asyncio.wait_for(self._connection(), budget)
+            result = await asyncio.wait_for(
+                self.store.heartbeat(self.worker, [(i, h.lease.epoch) for i, h in held.items()],
+                                     lease_s=self.lease_s, conn=conn),
+                max(0.1, budget - (time.monotonic() - sent)))
+        except (RunleaseError, TimeoutError, OSError) as exc:
+            metrics.HEARTBEATS.labels(self.pool, "failed").inc()
+            log.warning("heartbeat_failed runs=%d error=%s", len(held),
+                        str(exc) or type(exc).__name__)
+            await self._close()
+            return False
+        metrics.HEARTBEATS.labels(self.pool, "ok").inc()
+        self.last_ok = time.monotonic()
+        for run_id in result.held:
+            held[run_id].renewed(sent)
+        for run_id in result.lost:
+            handle = held[run_id]
+            metrics.LEASES_LOST.labels(self.pool).inc()
+            log.error("lease_lost run_id=%s epoch=%s", run_id, handle.lease.epoch)
+            self.on_lost(handle, StopReason.LEASE_LOST)
+        for run_id in result.cancel_requested:
+            held[run_id].request_cancel()
+        return True
+
+    async def _connection(self) -> Conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = await connect(self.url, prepare=self.prepare,
+                                       application_name="runlease-heartbeat")
+        return self._conn
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await asyncio.wait_for(conn.close(), 1.0)
+            except (TimeoutError, OSError, RunleaseError):
+                pass
+            except Exception:  # a broken socket may raise anything
+                log.debug("heartbeat_connection_close_failed", exc_info=True)

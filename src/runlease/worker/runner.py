@@ -1,0 +1,254 @@
+"""One run on a worker, from claim to outcome.
+
+A RunHandle owns the agent's task. It can be stopped for four reasons, each
+ending differently:
+
+    user cancel   token set; the agent may stop by itself; after cancel_grace_s
+                  its task is cancelled; tools get SIGTERM, then SIGKILL;
+                  -> finalize_cancel (cancelled, never retried)
+    drain         the worker is shutting down: task cancelled after the drain
+                  grace; -> release (pending now, attempt not charged)
+    lease lost    a renewal or a fenced write found the lease gone
+    self-fenced   no renewal in time by the worker's own clock
+                  -> task cancelled at once, tools SIGKILLed, nothing written
+    deadline      the budget's deadline_s passed -> dead, budget_exceeded
+
+Otherwise the agent's own ending decides (see worker/errors.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from runlease import metrics
+from runlease.core.states import RunStatus
+from runlease.db.models import Lease
+from runlease.db.store import RunStore
+from runlease.errors import DatabaseUnavailable, LeaseLost
+from runlease.worker.context import RunContext
+from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
+from runlease.worker.tools import ToolRunner
+
+log = logging.getLogger(__name__)
+
+Agent = Callable[[RunContext], Awaitable[dict[str, Any] | None]]
+Acker = Callable[[Lease, Any], Awaitable[bool]]
+
+
+class StopReason(enum.Enum):
+    CANCEL = "cancel"
+    DRAIN = "drain"
+    LEASE_LOST = "lease_lost"
+    SELF_FENCED = "self_fenced"
+    DEADLINE = "deadline"
+
+
+class RunHandle:
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        claimed_at: float,
+        lease_s: float,
+        margin_s: float,
+        cancel_grace_s: float,
+        kill_grace_s: float,
+    ) -> None:
+        self.lease = lease
+        self.claimed_at = claimed_at
+        # Self-fencing: stop before the lease could expire. The claim (or the
+        # renewal) was sent at `sent`; the database set locked_until after that.
+        self.lease_s = lease_s
+        self.margin_s = margin_s
+        self.fence_at = claimed_at + lease_s - margin_s
+        self.cancel = asyncio.Event()
+        self.cancel_grace_s = cancel_grace_s
+        self.tools = ToolRunner(self.cancel, kill_grace_s)
+        self.reason: StopReason | None = None
+        self.cancel_requested_at: float | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.finished = asyncio.Event()
+
+    @property
+    def run_id(self) -> Any:
+        return self.lease.run_id
+
+    @property
+    def pool(self) -> str:
+        return self.lease.run.pool
+
+    @property
+    def writes_allowed(self) -> bool:
+        return self.reason not in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
+
+    def renewed(self, sent_at: float) -> None:
+        self.fence_at = sent_at + self.lease_s - self.margin_s
+
+    def request_cancel(self) -> None:
+        """The user's Stop reached this worker (NOTIFY or the heartbeat flag)."""
+        if self.cancel.is_set() or self.reason is not None:
+            return
+        self.reason = StopReason.CANCEL
+        self.cancel_requested_at = time.monotonic()
+        self.cancel.set()
+        metrics.CANCELS.labels(self.pool).inc()
+        log.info("run_cancel_requested run_id=%s", self.run_id)
+        if self.task is not None:
+            asyncio.get_running_loop().call_later(self.cancel_grace_s, self._cancel_task)
+
+    def stop(self, reason: StopReason) -> None:
+        """Stop now: drain, lost lease, self-fencing or the deadline."""
+        if self.reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
+            return
+        if reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
+            self.tools.hard = True
+        if self.reason is None or reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
+            self.reason = reason
+        log.log(logging.WARNING if reason != StopReason.DRAIN else logging.INFO,
+                "run_stopping run_id=%s reason=%s", self.run_id, reason.value)
+        self._cancel_task()
+
+    def _cancel_task(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class Runner:
+    """Executes runs: agent task, outcome, the fenced write that ends it."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        agent: Agent,
+        *,
+        ack: Acker,
+        on_lease_lost: Callable[[RunHandle], None],
+    ) -> None:
+        self.store = store
+        self.agent = agent
+        self.ack = ack
+        self.on_lease_lost = on_lease_lost
+
+    async def execute(self, handle: RunHandle) -> None:
+        """Run the agent and write the outcome; never raises."""
+        run = handle.lease.run
+        outcome = "unknown"
+        try:
+            outcome = await self._execute(handle)
+        except LeaseLost:
+            outcome = self._lost(handle)
+        except Exception:
+            log.exception("run_execute_failed run_id=%s", run.id)
+        finally:
+            await handle.tools.kill_all()
+            metrics.RUNS_FINISHED.labels(run.pool, outcome).inc()
+            metrics.RUN_DURATION.labels(run.pool, outcome).observe(
+                time.monotonic() - handle.claimed_at)
+            log.info("run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
+                     run.tenant_id, run.attempts, outcome)
+            handle.finished.set()
+
+    def _lost(self, handle: RunHandle) -> str:
+        if handle.reason != StopReason.SELF_FENCED:
+            handle.reason = StopReason.LEASE_LOST
+        self.on_lease_lost(handle)
+        return handle.reason.value
+
+    async def _execute(self, handle: RunHandle) -> str:
+        lease = handle.lease
+        steps = await self._retry(handle, lambda: self.store.get_steps(lease.run_id))
+        ctx = RunContext(lease, self.store, steps=steps, cancel=handle.cancel,
+                         tools=handle.tools, started=handle.claimed_at)
+        deadline = None
+        if ctx.budget.deadline_s is not None:
+            deadline = asyncio.get_running_loop().call_later(
+                max(0.0, ctx.budget.deadline_s - (time.monotonic() - handle.claimed_at)),
+                handle.stop, StopReason.DEADLINE)
+        result: Any = None
+        error: BaseException | None = None
+        agent_task: asyncio.Task[Any]
+        agent_task = asyncio.create_task(self._agent(ctx), name=f"run-{lease.run_id}")
+        handle.task = agent_task
+        if handle.cancel.is_set():
+            agent_task.cancel()
+        try:
+            result = await agent_task
+        except asyncio.CancelledError:
+            if handle.reason is None:  # the worker itself is being cancelled
+                raise
+            error = None
+        except Exception as exc:
+            error = exc
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+            with contextlib.suppress(Exception):
+                await ctx.flush()
+            await ctx.close()
+        return await self._finish(handle, result, error)
+
+    async def _agent(self, ctx: RunContext) -> Any:
+        result = await self.agent(ctx)
+        await ctx.flush()
+        return result
+
+    async def _finish(self, handle: RunHandle, result: Any, error: BaseException | None) -> str:
+        lease = handle.lease
+        reason = handle.reason
+        if isinstance(error, LeaseLost) or not handle.writes_allowed:
+            return self._lost(handle)
+        if reason == StopReason.DRAIN:
+            released = await self._retry(handle, lambda: self.store.release(
+                lease.worker, [(lease.run_id, lease.epoch)]))
+            if lease.run_id not in released:
+                return self._lost(handle)
+            return "released"
+        if reason == StopReason.CANCEL or isinstance(error, RunCancelled):
+            await self._retry(handle, lambda: self.store.finalize_cancel(lease))
+            if handle.cancel_requested_at is not None:
+                metrics.CANCEL_LATENCY.labels(handle.pool).observe(
+                    time.monotonic() - handle.cancel_requested_at)
+            return "cancelled"
+        if reason == StopReason.DEADLINE or isinstance(error, BudgetExceeded):
+            message = str(error) if error else "deadline exceeded"
+            await self._retry(handle, lambda: self.store.fail(lease, "budget_exceeded",
+                                                              message))
+            return "dead"
+        if error is None:
+            if not await self.ack(lease, result):
+                return self._lost(handle)
+            return "done"
+        if isinstance(error, FatalError):
+            await self._retry(handle, lambda: self.store.fail(lease, error.code, str(error)))
+            return "dead"
+        if isinstance(error, RetryableError):
+            code, message = error.code, str(error)
+        else:
+            code = "unexpected"
+            message = "".join(traceback.format_exception_only(error)).strip()
+            tb = traceback.extract_tb(error.__traceback__)[-3:]
+            message += "\n" + "".join(traceback.format_list(tb))
+            log.warning("run_raised run_id=%s error=%s", lease.run_id, message.splitlines()[0])
+        status = await self._retry(handle, lambda: self.store.nack(lease, code, message))
+        return "retrying" if status == RunStatus.PENDING else str(status)
+
+    async def _retry(self, handle: RunHandle, op: Callable[[], Awaitable[Any]]) -> Any:
+        """A write that rides out a database outage until the fence deadline."""
+        delay = 0.1
+        while True:
+            try:
+                return await op()
+            except DatabaseUnavailable as exc:
+                if time.monotonic() >= handle.fence_at or not handle.writes_allowed:
+                    handle.reason = StopReason.SELF_FENCED
+                    raise LeaseLost(handle.run_id, handle.lease.epoch) from exc
+                log.warning("run_write_retry run_id=%s error=%s", handle.run_id, exc)
+                await asyncio.sleep(min(delay, max(0.0, handle.fence_at - time.monotonic())))
+                delay = min(2.0, delay * 2)

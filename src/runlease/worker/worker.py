@@ -1,0 +1,297 @@
+"""The worker process: claim loop, lease keeper, listener, acker, reaper, probes.
+
+    claim loop    claims only for free slots (batched up to the number free),
+                  on its own connection; wakes on the pool's NOTIFY, polls with
+                  jitter as the fallback
+    lease keeper  one heartbeat per interval for every run held; self-fencing
+    listener      its own session: the pool channel and the cancel channel
+    acker         acks of runs that finish together go out in one statement
+    reaper        leader-elected through PostgreSQL; reap and retention
+    probes        /metrics, /healthz, /readyz
+
+SIGTERM or SIGINT drains: stop claiming at once, let runs finish within the
+grace, then cancel and release the rest (attempts not charged), exit 0. A
+second signal kills the tools and exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from typing import Any
+from uuid import UUID
+
+from runlease import metrics
+from runlease.core.redact import Redactor
+from runlease.db.channels import CANCEL_CHANNEL, pool_channel
+from runlease.db.connect import Conn, connect, make_pool
+from runlease.db.models import Lease
+from runlease.db.store import RunStore
+from runlease.errors import RunleaseError, SettingsError
+from runlease.services.http import ProbeServer
+from runlease.services.leader import LeaderElector
+from runlease.services.listener import Listener
+from runlease.services.loop import jittered, sleep
+from runlease.services.reaper import Reaper
+from runlease.settings import WorkerSettings, import_object
+from runlease.worker.acker import Acker
+from runlease.worker.identity import worker_id
+from runlease.worker.lease_keeper import LeaseKeeper
+from runlease.worker.runner import Agent, RunHandle, Runner, StopReason
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        agent: Agent | None = None,
+        identity: str | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        if not settings.database_url:
+            raise SettingsError("no database: set --database-url or RUNLEASE_DATABASE_URL")
+        self.settings = settings
+        self.url: str = settings.database_url
+        self.agent: Agent = agent or import_object(settings.agent)
+        self.identity = identity or worker_id()
+        self.handle_signals = handle_signals
+        self.runs: dict[UUID, RunHandle] = {}
+        self.draining = False
+        self.exit_code = 0
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._done = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._claim_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._claim_conn: Conn | None = None
+        self.started = asyncio.Event()
+
+    # -- life cycle -------------------------------------------------------------------
+
+    async def run(self) -> int:
+        s = self.settings
+        pool = make_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
+                         prepare=s.prepared_statements, application_name="runlease-worker")
+        await pool.open(wait=False)
+        self.store = RunStore(pool, redactor=Redactor(s.redact_patterns))
+        self.acker = Acker(self.store, pool=s.pool)
+        self.runner = Runner(self.store, self.agent, ack=self._ack,
+                             on_lease_lost=lambda h: None)
+        self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.runs, pool=s.pool,
+                                  lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
+                                  prepare=s.prepared_statements, on_lost=self._lost)
+        self.listener = (Listener(s.listen_database_url or self.url,
+                                  {pool_channel(s.pool): lambda _: self._wake.set(),
+                                   CANCEL_CHANNEL: self._on_cancel_notify},
+                                  on_connect=self._wake.set) if s.listen else None)
+        self.elector = (LeaderElector(self.store, self.identity, ttl_s=s.leader_ttl_s)
+                        if s.reaper else None)
+        self.reaper = (Reaper(self.store, self.elector, interval_s=s.reaper_interval_s,
+                              retention_s=s.retention_s) if self.elector else None)
+        self.probes = (ProbeServer(s.metrics_host, s.metrics_port, health=self._healthy,
+                                   ready=self._ready) if s.metrics_port else None)
+        metrics.WORKER_SLOTS.labels(s.pool).set(s.concurrency)
+        metrics.WORKER_DRAINING.labels(s.pool).set(0)
+        try:
+            await self._check_pool()
+            if self.probes:
+                await self.probes.start()
+            for service in (self.acker, self.keeper, self.listener, self.elector, self.reaper):
+                if service is not None:
+                    service.start()
+            if self.handle_signals:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+            self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
+            log.info("worker_started id=%s pool=%s concurrency=%s lease_s=%s", self.identity,
+                     s.pool, s.concurrency, s.lease_s)
+            self.started.set()
+            await self._done.wait()
+        finally:
+            await self._shutdown()
+            await pool.close()
+        return self.exit_code
+
+    async def _check_pool(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                pool = await self.store.get_pool(self.settings.pool)
+            except RunleaseError as exc:
+                log.warning("database_unreachable error=%s retry_in_s=%.1f", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+                continue
+            if pool is None:
+                raise SettingsError(f"pool {self.settings.pool!r} does not exist; create it "
+                                    "first (runlease pools upsert, or an AgentRunPool)")
+            return
+
+    def drain(self) -> None:
+        """Begin a graceful stop (what SIGTERM does)."""
+        if not self.draining:
+            self.draining = True
+            self._drain_task = asyncio.create_task(self._drain(), name="drain")
+
+    def _on_signal(self, signum: int) -> None:
+        if self.draining:
+            log.error("second_signal signal=%s: killing tools and exiting now", signum)
+            for handle in self.runs.values():
+                for proc in list(handle.tools.live):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+            os._exit(1)
+        log.info("drain_started signal=%s runs=%d grace_s=%s", signum, len(self.runs),
+                 self.settings.drain_grace_s)
+        self.drain()
+
+    async def _drain(self) -> None:
+        metrics.WORKER_DRAINING.labels(self.settings.pool).set(1)
+        self._wake.set()
+        self._slot_freed.set()
+        if self._claim_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._claim_task
+        await self._wait_runs(self.settings.drain_grace_s)
+        if self.runs:
+            log.info("drain_releasing runs=%d", len(self.runs))
+            for handle in list(self.runs.values()):
+                handle.stop(StopReason.DRAIN)
+            await self._wait_runs(self.settings.tool_kill_grace_s + 10)
+        log.info("drain_done")
+        self._done.set()
+
+    async def _wait_runs(self, timeout_s: float) -> None:
+        waits = [h.finished.wait() for h in self.runs.values()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+
+    async def _shutdown(self) -> None:
+        self.draining = True
+        if self._claim_task is not None and not self._claim_task.done():
+            self._claim_task.cancel()
+        for handle in list(self.runs.values()):
+            handle.stop(StopReason.DRAIN)
+        await self._wait_runs(5)
+        for task in list(self._tasks):
+            task.cancel()
+        for service in (self.reaper, self.elector, self.listener, self.keeper, self.acker):
+            if service is not None:
+                await service.stop(2.0)
+        if self.probes:
+            await self.probes.stop()
+        if self._claim_conn is not None:
+            with contextlib.suppress(Exception):
+                await self._claim_conn.close()
+
+    # -- claiming -----------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        s = self.settings
+        delay = 0.1
+        while not self.draining:
+            free = s.concurrency - len(self.runs)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            n = min(free, s.batch)
+            self._wake.clear()
+            try:
+                if self._claim_conn is None or self._claim_conn.closed:
+                    self._claim_conn = await connect(self.url, prepare=s.prepared_statements,
+                                                     application_name="runlease-claim")
+                sent = time.monotonic()
+                leases = await self.store.claim(s.pool, self.identity, n, lease_s=s.lease_s,
+                                                conn=self._claim_conn)
+            except (RunleaseError, OSError) as exc:
+                log.warning("claim_failed error=%s retry_in_s=%.2f", exc, delay)
+                if self._claim_conn is not None:
+                    with contextlib.suppress(Exception):
+                        await self._claim_conn.close()
+                    self._claim_conn = None
+                await sleep(delay, self._wake)
+                delay = min(5.0, delay * 2)
+                continue
+            delay = 0.1
+            metrics.CLAIM_LATENCY.labels(s.pool).observe(time.monotonic() - sent)
+            if self.draining:  # claimed while the drain began: hand them back at once
+                await self.store.release(self.identity, [(x.run_id, x.epoch) for x in leases])
+                break
+            for lease in leases:
+                self._start(lease, sent)
+            if len(leases) < n:
+                await sleep(jittered(s.poll_interval_s), self._wake)
+
+    def _start(self, lease: Lease, claimed_at: float) -> None:
+        s = self.settings
+        handle = RunHandle(lease, claimed_at=claimed_at, lease_s=s.lease_s,
+                           margin_s=s.margin_s, cancel_grace_s=s.cancel_grace_s,
+                           kill_grace_s=s.tool_kill_grace_s)
+        self.runs[lease.run_id] = handle
+        metrics.RUNS_CLAIMED.labels(s.pool).inc()
+        metrics.RUNS_IN_FLIGHT.labels(s.pool, lease.run.tenant_id).inc()
+        log.info("run_claimed run_id=%s tenant=%s attempt=%s epoch=%s", lease.run_id,
+                 lease.run.tenant_id, lease.run.attempts, lease.epoch)
+        if lease.run.cancel_requested_at is not None:
+            handle.request_cancel()
+        task = asyncio.create_task(self._execute(handle), name=f"execute-{lease.run_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.keeper.wakeup.set()  # its next wake-up may now be this run's fence
+
+    async def _execute(self, handle: RunHandle) -> None:
+        try:
+            await self.runner.execute(handle)
+        finally:
+            self.runs.pop(handle.run_id, None)
+            metrics.RUNS_IN_FLIGHT.labels(self.settings.pool, handle.lease.run.tenant_id).dec()
+            self._slot_freed.set()
+            self._wake.set()
+
+    async def _ack(self, lease: Lease, result: Any) -> bool:
+        handle = self.runs[lease.run_id]
+        return await self.acker.ack(lease, result, handle.fence_at)
+
+    # -- signals from the database --------------------------------------------------------
+
+    def _on_cancel_notify(self, payload: str) -> None:
+        try:
+            run_id = UUID(payload)
+        except ValueError:
+            return
+        handle = self.runs.get(run_id)
+        if handle is not None:
+            handle.request_cancel()
+
+    def _lost(self, handle: RunHandle, reason: StopReason) -> None:
+        handle.stop(reason)
+
+    # -- probes ---------------------------------------------------------------------------
+
+    def _healthy(self) -> tuple[bool, str]:
+        if not self.keeper.alive:
+            return False, "lease keeper is not running"
+        if self._claim_task is not None and self._claim_task.done() and not self.draining:
+            return False, "claim loop stopped"
+        return True, f"ok: {len(self.runs)} runs held"
+
+    async def _ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        try:
+            async with self.store.connection() as conn:
+                await asyncio.wait_for(conn.execute("SELECT 1"), 2)
+        except (RunleaseError, TimeoutError) as exc:
+            return False, f"database unreachable: {exc}"
+        return True, "ok"
