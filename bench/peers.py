@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any
@@ -45,11 +46,10 @@ if TYPE_CHECKING:
 # A run must never hang: the consumer phase (spawn -> every job finished) is
 # bounded by this, after which every child is killed and TimeoutError raised.
 DEFAULT_TIMEOUT_S = 120.0
-# Poll period of the completion check. The poll query is an index/seq count
-# over at most `jobs` rows (well under 1 ms), so 10 ms keeps the timing error
-# small (<1 % on a 2.5 s drain) without loading the server measurably.
+# Poll period of the completion check: 10 ms keeps the timing error small
+# (<1 % of a 2.5 s drain); the EXISTS poll costs the server well under 1 ms.
 POLL_INTERVAL_S = 0.01
-# How long children get to shut down gracefully (SIGTERM) before SIGKILL.
+# How long children get to shut down gracefully, once told to, before SIGKILL.
 STOP_GRACE_S = 10.0
 
 # The URL goes to the children through the environment rather than argv, so a
@@ -147,6 +147,8 @@ class _Children:
         self._url = url
         self.procs: list[subprocess.Popen[bytes]] = []
         self._stderr: list[IO[bytes]] = []
+        # CPU seconds each child reports it spent after `go` (None if it died).
+        self.cpu_s: list[float | None] = []
 
     def __enter__(self) -> _Children:
         env = dict(os.environ)
@@ -229,14 +231,17 @@ class _Children:
         return "\n".join(out)
 
     def stop(self) -> None:
-        """SIGTERM (the libraries' own graceful shutdown), then SIGKILL."""
+        """Close stdin, give a grace period, then SIGKILL.
+
+        A child seeing EOF on stdin sends itself one SIGTERM, i.e. the
+        library's own graceful shutdown (before ``go`` it just exits). No
+        second SIGTERM from here: Procrastinate uninstalls its handler after
+        the first, so a second one would kill the worker mid-shutdown.
+        """
         for proc in self.procs:
             if proc.stdin is not None:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -248,10 +253,25 @@ class _Children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
             if proc.stdout is not None:
+                self.cpu_s.append(_read_cpu_report(proc.stdout))
                 proc.stdout.close()
         for err in self._stderr:
             err.close()
         self._stderr.clear()
+
+
+def _read_cpu_report(stdout: IO[bytes]) -> float | None:
+    """The ``cpu <seconds>`` line a child prints on a clean exit, if any."""
+    fd = stdout.fileno()
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(fd, 4096):
+            data += chunk
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith("cpu "):
+            return float(line.split()[1])
+    return None
 
 
 def _worker_argv(peer: str, **options: int) -> list[str]:
@@ -265,15 +285,23 @@ def _drain(
     *,
     url: str,
     argvs: list[list[str]],
-    remaining_sql: str,
+    unfinished: str,
     jobs: int,
     timeout_s: float,
     peer: str,
-) -> tuple[float, float]:
-    """Start the children, release them, poll until nothing remains.
+) -> tuple[float, float, float, float | None]:
+    """Start the children, release them, poll until no job is unfinished.
 
-    Returns ``(startup_s, seconds)``.
+    ``unfinished`` is a ``FROM ... [WHERE ...]`` fragment naming the jobs not
+    finished yet. Returns ``(startup_s, seconds, loadavg_1m_before,
+    worker_cpu_s)``; the last is None unless every child reported its CPU.
     """
+    # EXISTS stops at the first unfinished row, so the poll stays cheaper than
+    # a count for the server that is being measured; count only for errors.
+    pending_sql = f"SELECT EXISTS (SELECT 1 FROM {unfinished})::int"
+    # The host's 1-minute load just before the start: a noisy neighbour (other
+    # processes on a 2-core box) shows up here, so runs can be judged.
+    load_before = os.getloadavg()[0]
     spawned = time.monotonic()
     deadline = spawned + timeout_s
     with _connect(url) as poll, _Children(argvs, url) as children:
@@ -281,19 +309,19 @@ def _drain(
         started = time.perf_counter()
         startup_s = time.monotonic() - spawned
         children.go()
-        while True:
-            remaining = _scalar(poll, remaining_sql)
-            if remaining == 0:
-                seconds = time.perf_counter() - started
-                break
+        while _scalar(poll, pending_sql):
             children.check_alive()
             if time.monotonic() > deadline:
+                remaining = _scalar(poll, f"SELECT count(*) FROM {unfinished}")
                 raise TimeoutError(
                     f"{peer}: {jobs - remaining}/{jobs} jobs finished after "
                     f"{timeout_s:.0f} s; giving up (children killed)\n" + children.stderr_tail()
                 )
             time.sleep(POLL_INTERVAL_S)
-    return startup_s, seconds
+        seconds = time.perf_counter() - started
+    cpu = children.cpu_s
+    worker_cpu_s = None if None in cpu else sum(c for c in cpu if c is not None)
+    return startup_s, seconds, load_before, worker_cpu_s
 
 
 def _split(total: int, parts: int) -> list[int]:
@@ -307,6 +335,8 @@ def _result(
     seconds: float,
     enqueue_s: float,
     startup_s: float,
+    load_before: float,
+    worker_cpu_s: float | None,
     version: str,
     settings: dict[str, Any],
 ) -> dict[str, Any]:
@@ -317,6 +347,10 @@ def _result(
         "jobs_per_s": round(jobs / seconds, 1),
         "enqueue_s": round(enqueue_s, 4),
         "startup_s": round(startup_s, 4),
+        "host_loadavg_1m_before": round(load_before, 2),
+        # CPU the worker processes burnt from `go` to their exit (user+sys,
+        # all threads): less sensitive to a busy host than wall time.
+        "worker_cpu_s": None if worker_cpu_s is None else round(worker_cpu_s, 3),
         "settings": settings,
         "version": version,
     }
@@ -374,10 +408,10 @@ def bench_pgqueuer(
     ]
     # Finished jobs are deleted from the queue table (and logged); failed
     # ones too with the default on_failure="delete", checked below.
-    startup_s, seconds = _drain(
+    startup_s, seconds, load_before, worker_cpu_s = _drain(
         url=url,
         argvs=argvs,
-        remaining_sql=f"SELECT count(*) FROM {queue_table}",
+        unfinished=queue_table,
         jobs=jobs,
         timeout_s=timeout_s,
         peer="pgqueuer",
@@ -393,6 +427,8 @@ def bench_pgqueuer(
         seconds,
         enqueue_s,
         startup_s,
+        load_before,
+        worker_cpu_s,
         # pgqueuer sets __version__ without re-exporting it to type checkers.
         str(getattr(pgqueuer, "__version__", "?")),
         {
@@ -431,7 +467,9 @@ def _pgqueuer_worker(consumers: int, batch: int) -> None:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             pgq = pgqueuer.PgQueuer.from_psycopg_connection(conn)
 
-            @pgq.entrypoint(_NOOP)
+            # accepts_context=False: no signature sniffing of a string
+            # annotation that names a function-local import.
+            @pgq.entrypoint(_NOOP, accepts_context=False)
             async def noop(job: pgqueuer.Job) -> None:
                 return None
 
@@ -526,10 +564,10 @@ def bench_procrastinate(
         _worker_argv("procrastinate", concurrency=concurrency, pool_max_size=pool_max_size)
         for _ in range(processes)
     ]
-    startup_s, seconds = _drain(
+    startup_s, seconds, load_before, worker_cpu_s = _drain(
         url=url,
         argvs=argvs,
-        remaining_sql=("SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"),
+        unfinished="procrastinate_jobs WHERE status IN ('todo', 'doing')",
         jobs=jobs,
         timeout_s=timeout_s,
         peer="procrastinate",
@@ -545,6 +583,8 @@ def bench_procrastinate(
         seconds,
         enqueue_s,
         startup_s,
+        load_before,
+        worker_cpu_s,
         procrastinate.__version__,
         {
             "concurrency": concurrency,
@@ -581,6 +621,10 @@ def _procrastinate_worker(concurrency: int, pool_max_size: int) -> None:
 # --------------------------------------------------------------------------
 
 
+# process_time() of this child when it was released; see _run_loop.
+_CPU_AT_GO: list[float] = []
+
+
 class _Gate:
     """Ready/go handshake inside a child: once ``expected`` consumers have
     arrived (connected), say ``ready`` on stdout and wait for ``go`` on stdin.
@@ -600,8 +644,18 @@ class _Gate:
             if line != _GO:
                 # Parent went away or aborted before the start.
                 raise SystemExit(1)
+            _CPU_AT_GO.append(time.process_time())
+            # EOF on stdin - the parent's stop, or the parent died - becomes
+            # one SIGTERM: the library's own graceful shutdown, no orphans.
+            threading.Thread(target=_terminate_on_eof, daemon=True).start()
             self._go.set()
         await self._go.wait()
+
+
+def _terminate_on_eof() -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdin.buffer.read()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _run_loop(main: Callable[[], Any], *, prefer_uvloop: bool) -> None:
@@ -615,8 +669,16 @@ def _run_loop(main: Callable[[], Any], *, prefer_uvloop: bool) -> None:
             pass
         else:
             uvloop.run(main())
+            _report_cpu()
             return
     asyncio.run(main())
+    _report_cpu()
+
+
+def _report_cpu() -> None:
+    if _CPU_AT_GO:
+        sys.stdout.write(f"cpu {time.process_time() - _CPU_AT_GO[0]:.6f}\n")
+        sys.stdout.flush()
 
 
 # --------------------------------------------------------------------------
@@ -633,7 +695,17 @@ def _quiet_keyboard_interrupt() -> Iterator[None]:
 
 
 def _table(results: list[dict[str, Any]]) -> str:
-    header = ("peer", "version", "jobs", "seconds", "jobs/s", "enqueue_s", "startup_s", "settings")
+    header = (
+        "peer",
+        "version",
+        "jobs",
+        "seconds",
+        "jobs/s",
+        "enqueue_s",
+        "startup_s",
+        "load1",
+        "settings",
+    )
     rows = [
         (
             r["peer"],
@@ -643,6 +715,7 @@ def _table(results: list[dict[str, Any]]) -> str:
             f"{r['jobs_per_s']:.0f}",
             f"{r['enqueue_s']:.3f}",
             f"{r['startup_s']:.2f}",
+            f"{r['host_loadavg_1m_before']:.2f}",
             ", ".join(
                 f"{k}={v}"
                 for k, v in r["settings"].items()
@@ -659,7 +732,7 @@ def _table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=1, help="runs per peer")
@@ -667,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
         "--peer", choices=("pgqueuer", "procrastinate"), action="append", help="default: both"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per consumer phase"
+    )
     # Hidden: this file re-executed as a worker child.
     parser.add_argument("--_worker", choices=("pgqueuer", "procrastinate"), help=argparse.SUPPRESS)
     parser.add_argument("--_consumers", type=int, default=1, help=argparse.SUPPRESS)
@@ -691,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for _ in range(args.repeat):
         for peer in args.peer or list(benches):
-            results.append(benches[peer](args.database_url, jobs=args.jobs))
+            results.append(benches[peer](args.database_url, jobs=args.jobs, timeout_s=args.timeout))
             if not args.json:
                 print(f"{peer}: {results[-1]['jobs_per_s']:.0f} jobs/s", file=sys.stderr)
     print(json.dumps(results, indent=2) if args.json else _table(results))

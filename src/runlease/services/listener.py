@@ -25,6 +25,7 @@ Handler = Callable[[str], None]
 
 class Listener(Service):
     name = "listener"
+    cancel_on_stop = True
 
     def __init__(
         self,

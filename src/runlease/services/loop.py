@@ -36,6 +36,9 @@ class Service:
     """A named loop owned by whoever starts it."""
 
     name = "service"
+    # A loop with nothing to finish (a listener, a queue consumer) is cancelled
+    # at stop() rather than asked.
+    cancel_on_stop = False
 
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
@@ -57,15 +60,15 @@ class Service:
         task, self._task = self._task, None
         if task is None:
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), timeout_s)
-        except TimeoutError:
+        if self.cancel_on_stop:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        except asyncio.CancelledError:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            log.warning("%s_stop_timeout timeout_s=%s", self.name, timeout_s)
             task.cancel()
-            raise
+            await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s_failed_at_stop", self.name, exc_info=task.exception())
 
 
 class PeriodicService(Service):

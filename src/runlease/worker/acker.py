@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 class Acker(Service):
     name = "acker"
+    cancel_on_stop = True  # stopped after the last run has finished
 
     def __init__(self, store: RunStore, *, pool: str, max_batch: int = 500) -> None:
         super().__init__()

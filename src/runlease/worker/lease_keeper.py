@@ -18,6 +18,7 @@ from typing import Any
 
 from runlease import metrics
 from runlease.db.connect import Conn, connect
+from runlease.db.models import HeartbeatResult
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError
 from runlease.services.loop import Service, sleep
@@ -56,27 +57,43 @@ class LeaseKeeper(Service):
         self.last_loop = time.monotonic()  # for /healthz
         self.last_ok: float | None = None
         self.wakeup = asyncio.Event()
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        self.wakeup.set()
+        await super().stop(timeout_s)
 
     @property
     def alive(self) -> bool:
         return self.running and time.monotonic() - self.last_loop < 3 * self.interval_s + 5
 
     async def _main(self) -> None:
+        # The renewal runs as its own task: a statement stuck on a cut network
+        # must never delay the fence, which this loop checks on time.
         next_beat = time.monotonic() + self.interval_s
+        beat: asyncio.Task[bool] | None = None
         try:
             while not self.stopping.is_set():
                 self.last_loop = now = time.monotonic()
-                self.fence(now)
-                if now >= next_beat:
-                    ok = await self.beat()
+                if beat is not None and beat.done():
+                    ok = not beat.cancelled() and beat.result()
+                    beat = None
                     # After a failure, try again soon: the fence deadline approaches.
-                    next_beat = time.monotonic() + (self.interval_s if ok
-                                                    else min(1.0, self.interval_s))
-                wake_at = min([next_beat, *(h.fence_at for h in self.runs.values()
-                                            if h.writes_allowed)])
+                    next_beat = now + (self.interval_s if ok else min(1.0, self.interval_s))
+                self.fence(now)
+                if beat is None and now >= next_beat:
+                    beat = asyncio.create_task(self.beat(), name="heartbeat")
+                    beat.add_done_callback(lambda _: self.wakeup.set())
+                    next_beat = now + self.interval_s
+                deadlines = [h.fence_at for h in self.runs.values() if h.writes_allowed]
+                wake_at = min([next_beat, *deadlines]) if beat is None else min(
+                    [now + self.interval_s, *deadlines])
                 self.wakeup.clear()
-                await sleep(max(0.0, wake_at - time.monotonic()), self.wakeup)
+                if not self.stopping.is_set():
+                    await sleep(max(0.0, wake_at - time.monotonic()), self.wakeup)
         finally:
+            if beat is not None:
+                beat.cancel()
             await self._close()
 
     def fence(self, now: float) -> None:
@@ -94,20 +111,25 @@ class LeaseKeeper(Service):
         if not held:
             return True
         sent = time.monotonic()
-        # Never wait past the earliest fence deadline: the fence must act on time.
+        # Never wait past the earliest fence deadline: by then the fence has
+        # acted, and a statement stuck on a dead socket is abandoned, not awaited.
         budget = max(0.1, min(h.fence_at for h in held.values()) - sent)
-        try:
-            conn = await asyncio.wait_for(self._connection(), budget)
-            result = await asyncio.wait_for(
-                self.store.heartbeat(self.worker, [(i, h.lease.epoch) for i, h in held.items()],
-                                     lease_s=self.lease_s, conn=conn),
-                max(0.1, budget - (time.monotonic() - sent)))
-        except (RunleaseError, TimeoutError, OSError) as exc:
+        call = asyncio.ensure_future(self._renew(held))
+        done, _ = await asyncio.wait({call}, timeout=budget)
+        error: BaseException | None
+        if not done:
+            call.cancel()
+            self._abandon()
+            error = TimeoutError(f"no answer in {budget:.1f} s")
+        else:
+            error = call.exception()
+        if error is not None:
             metrics.HEARTBEATS.labels(self.pool, "failed").inc()
             log.warning("heartbeat_failed runs=%d error=%s", len(held),
-                        str(exc) or type(exc).__name__)
-            await self._close()
+                        str(error) or type(error).__name__)
+            self._abandon()
             return False
+        result = call.result()
         metrics.HEARTBEATS.labels(self.pool, "ok").inc()
         self.last_ok = time.monotonic()
         for run_id in result.held:
@@ -120,6 +142,27 @@ class LeaseKeeper(Service):
         for run_id in result.cancel_requested:
             held[run_id].request_cancel()
         return True
+
+    async def _renew(self, held: dict[Any, RunHandle]) -> HeartbeatResult:
+        conn = await self._connection()
+        return await self.store.heartbeat(
+            self.worker, [(i, h.lease.epoch) for i, h in held.items()], lease_s=self.lease_s,
+            conn=conn)
+
+    def _abandon(self) -> None:
+        """Drop the connection without waiting on it; the next beat opens another."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            task = asyncio.ensure_future(self._close_quietly(conn))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close_quietly(conn: Conn) -> None:
+        try:
+            await asyncio.wait_for(conn.close(), 5)
+        except Exception:  # a broken socket may raise anything
+            log.debug("heartbeat_connection_close_failed", exc_info=True)
 
     async def _connection(self) -> Conn:
         if self._conn is None or self._conn.closed:

@@ -75,6 +75,8 @@ class RunHandle:
         self.cancel_requested_at: float | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = asyncio.Event()
+        self.lost = asyncio.Event()  # lease lost or self-fenced: hands off the run now
+        self._killing: asyncio.Task[None] | None = None
 
     @property
     def run_id(self) -> Any:
@@ -107,10 +109,15 @@ class RunHandle:
         """Stop now: drain, lost lease, self-fencing or the deadline."""
         if self.reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
             return
-        if reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
-            self.tools.hard = True
-        if self.reason is None or reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
+        hard = reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
+        if self.reason is None or hard:
             self.reason = reason
+        if hard:
+            # Kill the tools now, not when the agent's task gets round to it:
+            # the task may be stuck on a dead socket.
+            self.tools.hard = True
+            self.lost.set()
+            self._killing = asyncio.ensure_future(self.tools.kill_all())
         log.log(logging.WARNING if reason != StopReason.DRAIN else logging.INFO,
                 "run_stopping run_id=%s reason=%s", self.run_id, reason.value)
         self._cancel_task()
@@ -148,6 +155,8 @@ class Runner:
             log.exception("run_execute_failed run_id=%s", run.id)
         finally:
             await handle.tools.kill_all()
+            if handle._killing is not None:
+                await handle._killing
             metrics.RUNS_FINISHED.labels(run.pool, outcome).inc()
             metrics.RUN_DURATION.labels(run.pool, outcome).observe(
                 time.monotonic() - handle.claimed_at)
@@ -179,7 +188,7 @@ class Runner:
         if handle.cancel.is_set():
             agent_task.cancel()
         try:
-            result = await agent_task
+            result = await self._until_lost(handle, agent_task, grace_s=1.0)
         except asyncio.CancelledError:
             if handle.reason is None:  # the worker itself is being cancelled
                 raise
@@ -193,6 +202,24 @@ class Runner:
                 await ctx.flush()
             await ctx.close()
         return await self._finish(handle, result, error)
+
+    @staticmethod
+    async def _until_lost(handle: RunHandle, task: asyncio.Future[Any], grace_s: float) -> Any:
+        """Await task, unless the lease is lost first: then give it grace_s to
+        wind down and abandon it (a write stuck on a dead socket must not hold
+        the slot), raising LeaseLost."""
+        lost = asyncio.ensure_future(handle.lost.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace_s)
+            if not task.done():
+                log.error("run_abandoned run_id=%s: its task did not stop", handle.run_id)
+                raise LeaseLost(handle.run_id, handle.lease.epoch)
+        return task.result()
 
     async def _agent(self, ctx: RunContext) -> Any:
         result = await self.agent(ctx)
@@ -243,8 +270,10 @@ class Runner:
         """A write that rides out a database outage until the fence deadline."""
         delay = 0.1
         while True:
+            if not handle.writes_allowed:
+                raise LeaseLost(handle.run_id, handle.lease.epoch)
             try:
-                return await op()
+                return await self._until_lost(handle, asyncio.ensure_future(op()), grace_s=0)
             except DatabaseUnavailable as exc:
                 if time.monotonic() >= handle.fence_at or not handle.writes_allowed:
                     handle.reason = StopReason.SELF_FENCED

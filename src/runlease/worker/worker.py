@@ -31,7 +31,7 @@ from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import Conn, connect, make_pool
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
-from runlease.errors import RunleaseError, SettingsError
+from runlease.errors import LeaseLost, RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
 from runlease.services.leader import LeaderElector
 from runlease.services.listener import Listener
@@ -261,7 +261,12 @@ class Worker:
 
     async def _ack(self, lease: Lease, result: Any) -> bool:
         handle = self.runs[lease.run_id]
-        return await self.acker.ack(lease, result, handle.fence_at)
+        try:
+            return bool(await self.runner._until_lost(
+                handle, asyncio.ensure_future(self.acker.ack(lease, result, handle.fence_at)),
+                grace_s=0))
+        except LeaseLost:
+            return False
 
     # -- signals from the database --------------------------------------------------------
 

@@ -1,0 +1,5 @@
+"""`python -m runlease ...` is the `runlease` command."""
+
+from runlease.cli import run
+
+run()

@@ -1,0 +1,82 @@
+"""Agents for the worker tests, importable by worker subprocesses as
+`tests.support.agents:<name>`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from runlease.worker import FatalError, RetryableError, RunContext
+
+
+async def echo(ctx: RunContext) -> dict[str, Any]:
+    await ctx.emit("message", {"text": "hello"})
+    return {"input": ctx.input, "attempt": ctx.attempt}
+
+
+async def retry_once(ctx: RunContext) -> dict[str, Any]:
+    if ctx.attempt < 2:
+        raise RetryableError("the model API is flaky", code="model_unavailable")
+    return {"attempt": ctx.attempt}
+
+
+async def crash(ctx: RunContext) -> None:
+    raise ValueError("could not connect to postgresql://app:hunter2secret@db/x "
+                     "with key sk-abcdefghijklmnopqrstuvwx " + "y" * 10_000)
+
+
+async def fatal(ctx: RunContext) -> None:
+    raise FatalError("the request was refused", code="refused")
+
+
+async def too_many_turns(ctx: RunContext) -> None:
+    while True:
+        await ctx.begin_turn()
+
+
+async def too_many_tools(ctx: RunContext) -> None:
+    while True:
+        await ctx.run_tool(["true"])
+
+
+async def sleepy(ctx: RunContext) -> dict[str, Any]:
+    """Sleeps input.seconds, waking on a Stop; records that it started."""
+    await ctx.emit("started", {"attempt": ctx.attempt})
+    await ctx.sleep(float(ctx.input.get("seconds", 60)))
+    return {"slept": True}
+
+
+async def stubborn(ctx: RunContext) -> None:
+    """Ignores the cancel token; only task cancellation stops it."""
+    await ctx.emit("started", {})
+    await asyncio.sleep(3600)
+
+
+async def counted_steps(ctx: RunContext) -> dict[str, Any]:
+    """Two durable steps, each appending to input.log when it executes; fails
+    after the first step on attempt 1."""
+    log = Path(ctx.input["log"])
+
+    async def work(name: str) -> dict[str, Any]:
+        line = f"{name} attempt={ctx.attempt}\n"
+        await asyncio.to_thread(lambda: log.open("a").write(line))
+        return {"name": name, "attempt": ctx.attempt}
+
+    first = await ctx.step("first", lambda: work("first"))
+    if ctx.attempt == 1:
+        raise RetryableError("fail between the steps")
+    second = await ctx.step("second", lambda: work("second"))
+    return {"first": first, "second": second}
+
+
+async def ticker(ctx: RunContext) -> dict[str, Any]:
+    """A tool that appends "<attempt> <unix time>" to input.path every 50 ms:
+    for a minute on attempt 1, for one second later."""
+    seconds = 60 if ctx.attempt == 1 else 1
+    path = ctx.input["path"]
+    script = (f'end=$(( $(date +%s) + {seconds} )); '
+              f'while [ "$(date +%s)" -lt "$end" ]; do '
+              f'echo "{ctx.attempt} $(date +%s.%N)" >> {path}; sleep 0.05; done')
+    await ctx.run_tool(["sh", "-c", script])
+    return {"attempt": ctx.attempt}

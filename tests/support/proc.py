@@ -1,0 +1,96 @@
+"""Worker processes for tests: real `runlease worker` subprocesses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains marker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+class WorkerProcess:
+    """`python -m runlease worker` with settings from RUNLEASE_* variables."""
+
+    def __init__(self, database_url: str, log_dir: Path, name: str,
+                 settings: Mapping[str, object]) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLEASE_")}
+        env.update({
+            "PYTHONPATH": str(ROOT),
+            "RUNLEASE_DATABASE_URL": database_url,
+            "RUNLEASE_METRICS_PORT": "0",
+            "POD_UID": f"pod-{name}",
+        })
+        for key, value in settings.items():
+            env["RUNLEASE_" + key.upper()] = str(value).lower() if isinstance(value, bool) \
+                else str(value)
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runlease", "worker"], env=self.env, cwd=ROOT,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def identity_prefix(self) -> str:
+        return f"pod-{self.name}:"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        """kill -9 of the worker only: its tools live on, as after an OOM kill."""
+        self.signal(signal.SIGKILL)
+        self.wait(10)
+
+    def wait(self, timeout_s: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def cleanup(self) -> None:
+        """Kill the worker and everything in its session."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
