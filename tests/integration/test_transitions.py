@@ -220,6 +220,21 @@ async def test_backoff_is_computed_by_the_database_and_ends_dead(
     assert await store.claim("default", "w1", 1) == []
 
 
+async def test_a_retry_after_longer_than_the_backoff_wins(
+    store: RunStore, clock: ManualClock
+) -> None:
+    await store.enqueue("default", "acme", {}, max_attempts=3)
+    lease = await claim_one(store)
+    await store.nack(lease, "model_unavailable", "429", retry_after_s=42)
+    run = await store.get(lease.run_id)
+    assert (run.available_at - clock.db_now()).total_seconds() == 42
+    clock.advance(42)
+    lease = await claim_one(store)
+    await store.nack(lease, "model_unavailable", "429", retry_after_s=1)  # backoff (10 s) wins
+    run = await store.get(lease.run_id)
+    assert (run.available_at - clock.db_now()).total_seconds() == 10
+
+
 def test_backoff_formula_caps_at_five_minutes() -> None:
     assert [backoff_s(a) for a in (1, 2, 3, 4, 5, 6, 7, 50)] == [5, 10, 20, 40, 80, 160, 300, 300]
 
@@ -424,8 +439,12 @@ async def test_events_get_increasing_seq_and_notify(store: RunStore, db_url: str
 async def test_steps_are_recorded_once(store: RunStore) -> None:
     await store.enqueue("default", "acme", {})
     lease = await claim_one(store)
-    assert await store.record_step(lease, "fetch", {"rows": 3})
-    assert not await store.record_step(lease, "fetch", {"rows": 99})
+    assert await store.record_step(lease, "fetch", {"rows": 3}) == {"rows": 3}
+    # A second write of the key keeps and returns the first result.
+    assert await store.record_step(lease, "fetch", {"rows": 99}) == {"rows": 3}
+    # Step results are redacted like events: they hold what tools printed.
+    assert await store.record_step(lease, "env", {"out": "token sk-abcdefghijklmnopqrstu"}) == {
+        "out": "token [REDACTED]"}
     steps = await store.get_steps(lease.run_id)
     assert steps["fetch"].result == {"rows": 3}
     assert (steps["fetch"].lease_epoch, steps["fetch"].attempt) == (1, 1)

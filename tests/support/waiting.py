@@ -11,7 +11,7 @@ T = TypeVar("T")
 
 
 async def until(
-    probe: Callable[[], Awaitable[T]], *, timeout_s: float = 30, every_s: float = 0.05,
+    probe: Callable[[], Awaitable[T | None]], *, timeout_s: float = 30, every_s: float = 0.05,
     what: str = "condition",
 ) -> T:
     """Poll `probe` until it returns something truthy; return that."""
@@ -26,7 +26,7 @@ async def until(
 
 
 def until_sync(
-    probe: Callable[[], T], *, timeout_s: float = 30, every_s: float = 0.05,
+    probe: Callable[[], T | None], *, timeout_s: float = 30, every_s: float = 0.05,
     what: str = "condition",
 ) -> T:
     deadline = time.monotonic() + timeout_s

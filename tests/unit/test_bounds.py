@@ -42,3 +42,10 @@ def test_json_text_is_compact_and_bounded() -> None:
     assert bounds.json_text("input", {"a": [1, "é"]}, 100) == '{"a":[1,"é"]}'
     with pytest.raises(ValidationError, match="over the bound"):
         bounds.json_text("input", {"a": "é" * 60}, 100)  # 120 bytes in UTF-8
+
+
+def test_nul_is_refused_but_an_escaped_backslash_u0000_is_text() -> None:
+    with pytest.raises(ValidationError, match="NUL"):
+        bounds.json_text("input", {"a": "x\x00y"}, 1000)
+    # The characters backslash, u, 0, 0, 0, 0 are ordinary text (code, say).
+    assert bounds.json_text("input", {"a": r"use \u0000 here"}, 1000)

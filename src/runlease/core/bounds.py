@@ -20,6 +20,7 @@ DEFAULT_MAX_INPUT_BYTES = 256 * 1024
 MAX_EVENT_BYTES = 64 * 1024
 MAX_STEP_RESULT_BYTES = 1024 * 1024
 MAX_ERROR_MESSAGE_CHARS = 4096
+RETRY_AFTER_MAX_S = 24 * 3600
 
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
@@ -35,6 +36,9 @@ POOL_MAX_CHARS = 48
 _POOL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 _PRINTABLE_RE = re.compile(r"^[^\x00-\x20\x7f]+$")
 _EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+# A JSON escape of NUL: backslash-u0000 not itself preceded by an escaped
+# backslash (the text "\\u0000" in a string is an escaped backslash, then "u0000").
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _int(field: str, value: object, lo: int, hi: int) -> int:
@@ -108,7 +112,7 @@ def json_text(field: str, value: object, max_bytes: int) -> str:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise ValidationError(field, f"is not representable as JSON: {exc}") from None
-    if "\\u0000" in text:
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise ValidationError(field, "must not contain the NUL character")
     size = len(text.encode())
     if size > max_bytes:

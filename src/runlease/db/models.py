@@ -10,10 +10,21 @@ from uuid import UUID
 from runlease.core.states import RunStatus
 
 
+_NAMES: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _names(cls: type[Any]) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def _pick(cls: type[Any], row: dict[str, Any]) -> dict[str, Any]:
     # Rows may carry more columns than the dataclass (a newer schema, or
-    # statement extras such as `inserted`); take the ones we know.
-    return {f.name: row[f.name] for f in fields(cls) if f.name in row}
+    # statement extras such as `inserted`); take the ones we know. This runs
+    # for every claimed run, hence the cached field names.
+    return {name: row[name] for name in _names(cls) if name in row}
 
 
 @dataclass(frozen=True, slots=True)

@@ -294,10 +294,19 @@ class RunStore:
         return {lease.run_id for lease, _ in items if lease.run_id not in done}
 
     async def nack(
-        self, lease: Lease, error_code: str, error_message: str, *, conn: Conn | None = None
+        self,
+        lease: Lease,
+        error_code: str,
+        error_message: str,
+        *,
+        retry_after_s: float | None = None,
+        conn: Conn | None = None,
     ) -> RunStatus:
         """A retryable failure; returns where the run went (pending, dead or cancelled)."""
         code, message = self._error(error_code, error_message)
+        if retry_after_s is not None and not 0 <= retry_after_s <= bounds.RETRY_AFTER_MAX_S:
+            raise ValidationError("retry_after_s",
+                                  f"must be between 0 and {bounds.RETRY_AFTER_MAX_S}")
         rows = await self._rows(
             "run_nack",
             {
@@ -306,6 +315,7 @@ class RunStore:
                 "worker": lease.worker,
                 "error_code": code,
                 "error_message": message,
+                "retry_after_s": retry_after_s,
             },
             conn,
         )
@@ -402,10 +412,13 @@ class RunStore:
 
     async def record_step(
         self, lease: Lease, key: str, result: Any, *, conn: Conn | None = None
-    ) -> bool:
-        """Commit a durable step result, fenced. False if the key was already recorded."""
+    ) -> Any:
+        """Commit a durable step result (redacted, like events: it is what a
+        tool printed), fenced; returns the result as stored. If the key was
+        already recorded, the earlier result stays and is returned."""
         bounds.check_step_key(key)
-        text = bounds.json_text("result", result, bounds.MAX_STEP_RESULT_BYTES)
+        text = bounds.json_text("result", self.redactor.json(result),
+                                bounds.MAX_STEP_RESULT_BYTES)
         rows = await self._rows(
             "run_step_record",
             {
@@ -419,7 +432,7 @@ class RunStore:
         )
         if rows[0]["fenced"] == 0:
             raise LeaseLost(lease.run_id, lease.epoch)
-        return bool(rows[0]["inserted"])
+        return rows[0]["result"]
 
     async def get_steps(self, run_id: UUID, *, conn: Conn | None = None) -> dict[str, Step]:
         rows = await self._rows("run_steps_get", {"id": run_id}, conn)
@@ -500,7 +513,7 @@ class RunStore:
                     "status", f"must be one of {', '.join(s.value for s in RunStatus)}"
                 ) from None
         rows = await self._rows(
-            "run_list",
+            "run_list" if tenant_id is None else "run_list_tenant",
             {
                 "tenant": tenant_id,
                 "pool": pool,

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DELTA_FLUSH_S = 0.05
 DELTA_FLUSH_CHARS = 2048
+DELTA_EVENT_CHARS = 16 * 1024
 
 
 class RunContext:
@@ -63,6 +64,7 @@ class RunContext:
         self._deltas: list[str] = []
         self._delta_kind = "message.delta"
         self._delta_flush: asyncio.Task[None] | None = None
+        self._flush_error: Exception | None = None
 
     # -- what the run is ------------------------------------------------------
 
@@ -150,6 +152,7 @@ class RunContext:
 
     async def delta(self, text: str, kind: str = "message.delta") -> None:
         """A token delta; deltas are coalesced into one event per ~50 ms."""
+        self._raise_flush_error()
         if self._deltas and kind != self._delta_kind:
             await self.flush()
         self._delta_kind = kind
@@ -162,32 +165,48 @@ class RunContext:
     async def _flush_later(self) -> None:
         await asyncio.sleep(DELTA_FLUSH_S)
         self._delta_flush = None
-        await self.flush()
+        try:
+            await self.flush()
+        except Exception as exc:  # kept, and raised by the agent's next write
+            self._flush_error = exc
+
+    def _raise_flush_error(self) -> None:
+        if self._flush_error is not None:
+            error, self._flush_error = self._flush_error, None
+            raise error
 
     async def flush(self) -> None:
+        """Write out coalesced deltas now (before any other write, and at the end)."""
         if self._delta_flush is not None and asyncio.current_task() is not self._delta_flush:
             self._delta_flush.cancel()
             self._delta_flush = None
+        self._raise_flush_error()
         if not self._deltas:
             return
         text, self._deltas = "".join(self._deltas), []
+        # One event holds at most DELTA_EVENT_CHARS, well under the event bound.
+        events = [(self._delta_kind, {"text": text[i:i + DELTA_EVENT_CHARS]})
+                  for i in range(0, len(text), DELTA_EVENT_CHARS)]
         async with self._write_lock:
-            await self._write(lambda: self.store.record_event(self.lease, self._delta_kind,
-                                                              {"text": text}))
+            await self._write(lambda: self.store.record_events(self.lease, events))
 
     async def step(self, key: str, fn: Callable[[], Awaitable[T]]) -> T:
         """A durable step: if any attempt committed a result for `key`, return
-        it without calling fn; else await fn() and commit its (JSON) result."""
+        it without calling fn; else await fn() and commit its result.
+
+        The result must be JSON. What is returned is what was stored (redacted,
+        as JSON gives it back), on the first run as on a replay, so an agent
+        cannot behave differently the second time."""
         if key in self._steps:
             cached: T = self._steps[key].result
             return cached
         await self.check()
         result = await fn()
         await self.flush()
-        await self._write(lambda: self.store.record_step(self.lease, key, result))
-        self._steps[key] = Step(self.run_id, key, result, self.lease.epoch, self.attempt,
+        stored = await self._write(lambda: self.store.record_step(self.lease, key, result))
+        self._steps[key] = Step(self.run_id, key, stored, self.lease.epoch, self.attempt,
                                 _now())
-        return result
+        return stored  # type: ignore[no-any-return]
 
     def has_step(self, key: str) -> bool:
         return key in self._steps
@@ -219,6 +238,7 @@ class RunContext:
     async def close(self) -> None:
         if self._delta_flush is not None:
             self._delta_flush.cancel()
+            await asyncio.wait({self._delta_flush})
         await self.http.aclose()
 
 

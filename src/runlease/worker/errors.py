@@ -14,13 +14,18 @@ from runlease.errors import RunleaseError
 
 
 class RetryableError(RunleaseError):
-    """A failure worth another attempt (a flaky model API, a timeout)."""
+    """A failure worth another attempt (a flaky model API, a timeout).
+
+    `retry_after_s` (a 429's Retry-After, say) delays the next attempt at
+    least that long; the backoff applies when it is longer."""
 
     default_code = "retryable"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code or self.default_code
+        self.retry_after_s = retry_after_s
 
 
 class FatalError(RunleaseError):

@@ -19,15 +19,17 @@ from runlease.worker.errors import RunCancelled
 
 
 class CancellableHttp:
-    def __init__(self, cancel: asyncio.Event, *, timeout_s: float = 60.0) -> None:
+    def __init__(self, cancel: asyncio.Event, *, read_timeout_s: float = 600.0) -> None:
         self.cancel = cancel
-        self.timeout_s = timeout_s
+        # A model may think for minutes before its first token: a generous read
+        # timeout; connecting, writing and pooling should be quick.
+        self.timeout = httpx.Timeout(10.0, read=read_timeout_s)
         self._client: httpx.AsyncClient | None = None
 
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+            self._client = httpx.AsyncClient(timeout=self.timeout)
         return self._client
 
     async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runlease import metrics
+from runlease.core.bounds import RETRY_AFTER_MAX_S
 from runlease.core.states import RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
@@ -255,15 +256,19 @@ class Runner:
         if isinstance(error, FatalError):
             await self._retry(handle, lambda: self.store.fail(lease, error.code, str(error)))
             return "dead"
+        retry_after: float | None = None
         if isinstance(error, RetryableError):
             code, message = error.code, str(error)
+            if error.retry_after_s is not None:
+                retry_after = min(max(0.0, error.retry_after_s), RETRY_AFTER_MAX_S)
         else:
             code = "unexpected"
             message = "".join(traceback.format_exception_only(error)).strip()
             tb = traceback.extract_tb(error.__traceback__)[-3:]
             message += "\n" + "".join(traceback.format_list(tb))
             log.warning("run_raised run_id=%s error=%s", lease.run_id, message.splitlines()[0])
-        status = await self._retry(handle, lambda: self.store.nack(lease, code, message))
+        status = await self._retry(handle, lambda: self.store.nack(
+            lease, code, message, retry_after_s=retry_after))
         return "retrying" if status == RunStatus.PENDING else str(status)
 
     async def _retry(self, handle: RunHandle, op: Callable[[], Awaitable[Any]]) -> Any:

@@ -19,9 +19,12 @@ WITH fence AS (
            coalesce(%(now)s::timestamptz, now())
       FROM fence
         ON CONFLICT (run_id, step_key) DO NOTHING
-    RETURNING 1
+    RETURNING result
 )
-SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM ins) AS inserted;
+SELECT (SELECT count(*) FROM fence) AS fenced,
+       coalesce((SELECT result FROM ins),
+                (SELECT s.result FROM agent_run_steps s
+                  WHERE s.run_id = %(id)s AND s.step_key = %(key)s)) AS result;
 
 
 -- name: run_steps_get

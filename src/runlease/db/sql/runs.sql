@@ -58,6 +58,9 @@ WITH clock AS (
         DO UPDATE SET idempotency_key = excluded.idempotency_key
            WHERE r.input_json = excluded.input_json
     RETURNING r.*, (r.xmax = 0) AS inserted
+), indexed AS (
+    INSERT INTO agent_run_tenant_index (tenant_id, run_id)
+    SELECT ins.tenant_id, ins.id FROM ins WHERE ins.inserted
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || %(pool)s, %(pool)s)) AS n
      WHERE EXISTS (SELECT 1 FROM ins WHERE ins.inserted)
@@ -96,15 +99,16 @@ RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL
 
 
 -- name: run_ack
--- Finish runs successfully, one or many in one statement.
+-- Finish runs successfully, one or many in one statement. The arrays are
+-- parallel; array_position pairs each row with its epoch and result without
+-- a join, so the plan is one primary-key scan.
 UPDATE agent_runs r
-   SET status = 'done', locked_by = NULL, locked_until = NULL, result_json = a.result,
+   SET status = 'done', locked_by = NULL, locked_until = NULL,
+       result_json = (%(results)s::jsonb[])[array_position(%(ids)s::uuid[], r.id)],
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
-  FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[], %(results)s::jsonb[]) AS a (id, epoch, result)
- WHERE r.id = ANY (%(ids)s::uuid[])  -- lets the planner go by primary key
-   AND r.id = a.id
-   AND r.lease_epoch = a.epoch
+ WHERE r.id = ANY (%(ids)s::uuid[])
+   AND r.lease_epoch = (%(epochs)s::bigint[])[array_position(%(ids)s::uuid[], r.id)]
    AND r.locked_by = %(worker)s
    AND r.status = 'leased'
 RETURNING r.id;
@@ -112,7 +116,8 @@ RETURNING r.id;
 
 -- name: run_nack
 -- A retryable failure: back to pending after min(300, 5 * 2^(attempts-1)) s,
--- computed here by the database clock; dead once attempts reach max_attempts;
+-- or the failure's own retry-after when longer, computed here by the
+-- database clock; dead once attempts reach max_attempts;
 -- cancelled if a cancel was requested meanwhile (a cancelled run is never retried).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
@@ -123,7 +128,8 @@ WITH clock AS (
                          ELSE 'pending' END,
            available_at = CASE WHEN r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
                                THEN clock.ts + make_interval(
-                                        secs => least(300, 5 * power(2, r.attempts - 1)))
+                                        secs => greatest(least(300, 5 * power(2, r.attempts - 1)),
+                                                         coalesce(%(retry_after_s)s::float8, 0)))
                                ELSE r.available_at END,
            finished_at = CASE WHEN r.cancel_requested_at IS NOT NULL
                                    OR r.attempts >= r.max_attempts
@@ -338,13 +344,26 @@ SELECT * FROM agent_runs
 
 
 -- name: run_list
--- Keyset pagination, newest first: the cursor is the last id of the previous page.
+-- Keyset pagination, newest first: the cursor is the last id of the previous
+-- page. Operators' view across tenants walks the primary key.
 SELECT * FROM agent_runs
- WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s::text)
-   AND (%(pool)s::text IS NULL OR pool = %(pool)s::text)
+ WHERE (%(pool)s::text IS NULL OR pool = %(pool)s::text)
    AND (%(status)s::text IS NULL OR status = %(status)s::text)
    AND (%(before)s::uuid IS NULL OR id < %(before)s::uuid)
  ORDER BY id DESC
+ LIMIT %(limit)s;
+
+
+-- name: run_list_tenant
+-- One tenant's runs, newest first, through the tenant's index rows.
+SELECT r.*
+  FROM agent_run_tenant_index t
+  JOIN agent_runs r ON r.id = t.run_id
+ WHERE t.tenant_id = %(tenant)s
+   AND (%(before)s::uuid IS NULL OR t.run_id < %(before)s::uuid)
+   AND (%(pool)s::text IS NULL OR r.pool = %(pool)s::text)
+   AND (%(status)s::text IS NULL OR r.status = %(status)s::text)
+ ORDER BY t.run_id DESC
  LIMIT %(limit)s;
 
 
@@ -366,6 +385,11 @@ WITH cutoff AS (
      ORDER BY r.id
      LIMIT %(batch)s
        FOR UPDATE OF r SKIP LOCKED
+), deleted AS (
+    DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
+    RETURNING r.id, r.tenant_id
+), unindexed AS (
+    DELETE FROM agent_run_tenant_index t USING deleted
+     WHERE t.tenant_id = deleted.tenant_id AND t.run_id = deleted.id
 )
-DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
-RETURNING r.id;
+SELECT id FROM deleted;
