@@ -8,6 +8,7 @@ empty:
 
 - raw:     the seed design note's claim and ack statements issued directly
            with psycopg on the seed's table and indexes, no library code;
+- raw async: the same through psycopg's asyncio API, the driver the store uses;
 - store:   runlease's RunStore (claim() and ack_many()), tenant limits off;
 - limits:  the same with a per-tenant limit configured on the pool (high
            enough never to bind), so the limit path runs: tenant locks and
@@ -106,6 +107,26 @@ def raw_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> 
     results.put(done)
 
 
+def raw_async_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
+    """The raw floor again, through psycopg's asyncio API (the store's driver)."""
+    async def loop() -> int:
+        done = 0
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await asyncio.to_thread(ready.wait)
+            while True:
+                cur = await conn.execute(SEED_CLAIM, {"n": batch, "worker": worker,
+                                                      "lease_s": 45}, prepare=True)
+                rows = await cur.fetchall()
+                if not rows:
+                    break
+                await conn.execute(SEED_ACK, {"ids": [r[0] for r in rows], "worker": worker},
+                                   prepare=True)
+                done += len(rows)
+        return done
+
+    results.put(asyncio.run(loop()))
+
+
 def store_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
     async def loop() -> int:
         done = 0
@@ -159,9 +180,9 @@ def load_store(url: str, jobs: int, limits: bool) -> float:
 
 
 def measure(url: str, kind: str, k: int, batch: int, jobs: int) -> float:
-    if kind == "raw":
+    if kind in ("raw", "raw_async"):
         load_seed(url, jobs)
-        target = raw_claimer
+        target = raw_claimer if kind == "raw" else raw_async_claimer
     else:
         load_store(url, jobs, limits=(kind == "limits"))
         target = store_claimer
@@ -192,14 +213,16 @@ def main() -> None:
         for batch in batches:
             for k in ks:
                 rates = {kind: measure(url, kind, k, batch, args.jobs)
-                         for kind in ("raw", "store", "limits")}
+                         for kind in ("raw", "raw_async", "store", "limits")}
                 result = {"claimers": k, "batch": batch, **{f"{kind}_jobs_per_s": rate
                                                            for kind, rate in rates.items()},
                           "store_vs_raw": rates["store"] / rates["raw"],
                           "limits_vs_store": rates["limits"] / rates["store"]}
                 figures["results"].append(result)
-                rows.append([k, batch, rates["raw"], rates["store"], rates["limits"],
-                             result["store_vs_raw"], result["limits_vs_store"]])
+                result["store_vs_raw_async"] = rates["store"] / rates["raw_async"]
+                rows.append([k, batch, rates["raw"], rates["raw_async"], rates["store"],
+                             rates["limits"], result["store_vs_raw"],
+                             result["store_vs_raw_async"], result["limits_vs_store"]])
                 if not args.json:
                     print(f"  measured K={k} batch={batch}", file=sys.stderr)
     if args.json:
@@ -207,8 +230,10 @@ def main() -> None:
         return
     print(f"\nclaim + ack of {args.jobs:,} runs, PostgreSQL {figures['server']}, "
           f"enqueue {figures['enqueue_jobs_per_s']:,.0f} runs/s (batches of 1000)\n")
-    print_table(["K", "batch", "raw jobs/s", "store jobs/s", "limits jobs/s", "store/raw",
-                 "limits/store"], rows)
+    print_table(["K", "batch", "raw", "raw async", "store", "store+limits", "store/raw",
+                 "store/raw async", "limits/store"], rows)
+    print("\n(jobs/s; raw = the seed's statements through sync psycopg, raw async = the same "
+          "through psycopg's asyncio API, which the store uses)")
 
 
 if __name__ == "__main__":

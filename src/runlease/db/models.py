@@ -62,7 +62,11 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """What a worker holds after a claim: the run and its fencing token."""
+    """What a worker holds after a claim: the run and its fencing token.
+
+    `run` carries what a worker needs; fields only the control plane reads
+    (idempotency_key, fair_seq, event_seq, result and error) are left at
+    their defaults. Read the run with RunStore.get for all of it."""
 
     run: Run
     worker: str

@@ -8,6 +8,7 @@ the fence matches zero rows.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -17,7 +18,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg.rows import DictRow
+from psycopg.rows import DictRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from runlease.clock import Clock, SystemClock
@@ -49,6 +50,10 @@ from runlease.errors import (
 )
 
 Conn = AsyncConnection[DictRow]
+
+
+def _json(text: str) -> Any:
+    return {} if text == "{}" else json.loads(text)
 
 MAX_CLAIM_BATCH = 1000
 MAX_LIST_LIMIT = 500
@@ -227,10 +232,21 @@ class RunStore:
             raise ValidationError("n", f"must be between 1 and {MAX_CLAIM_BATCH}")
         if lease_s is not None:
             bounds.check_lease_s(lease_s)
-        rows = await self._rows(
-            "run_claim", {"pool": pool, "worker": worker, "n": n, "lease_s": lease_s}, conn
-        )
-        return [Lease(Run.from_row(r), worker) for r in rows]
+        params = {"pool": pool, "worker": worker, "n": n, "lease_s": lease_s,
+                  "now": self.clock.db_now()}
+        async with self.connection(conn) as c, c.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(sql("run_claim"), params)
+            rows = await cur.fetchall()
+        # Built by position, JSON parsed here: measurably cheaper per claimed
+        # run than dict rows and psycopg's JSON loader.
+        return [
+            Lease(Run(id=r[0], pool=r[1], tenant_id=r[2], status=RunStatus.LEASED,
+                      priority=r[3], attempts=r[4], max_attempts=r[5], lease_epoch=r[6],
+                      locked_until=r[7], locked_by=worker, cancel_requested_at=r[8],
+                      input_json=_json(r[9]), budget_json=_json(r[10]), created_at=r[11],
+                      available_at=r[12], updated_at=r[13]), worker)
+            for r in rows
+        ]
 
     async def heartbeat(
         self,
@@ -276,10 +292,12 @@ class RunStore:
         worker = items[0][0].worker
         if any(lease.worker != worker for lease, _ in items):
             raise ValueError("ack_many takes the leases of one worker")
-        results = [
+        results: list[str | None] | None = [
             None if result is None else bounds.json_text("result", result, self.max_result_bytes)
             for _, result in items
         ]
+        if not any(results):  # typical of a batch of no-op runs; nothing to send
+            results = None
         rows = await self._rows(
             "run_ack",
             {

@@ -75,9 +75,15 @@ SELECT * FROM agent_runs
 
 -- name: run_claim
 -- The logic lives in runlease_claim() (schema.sql): the tenant-limit path
--- needs a fresh snapshot after taking its locks, which one statement cannot have.
-SELECT * FROM runlease_claim(%(pool)s, %(worker)s, %(n)s, %(lease_s)s::integer,
-                             %(now)s::timestamptz);
+-- needs a fresh snapshot after taking its locks, which one statement cannot
+-- have. Only what a worker needs comes back, JSON as text: parsing each
+-- claimed row is the worker's hot path (see RunStore.claim).
+SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locked_until,
+       cancel_requested_at, input_json::text, budget_json::text, created_at, available_at,
+       updated_at
+  FROM runlease_claim(%(pool)s, %(worker)s, %(n)s, %(lease_s)s::integer,
+                      %(now)s::timestamptz)
+ ORDER BY nth;
 
 
 -- name: run_heartbeat
@@ -104,7 +110,8 @@ RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL
 -- a join, so the plan is one primary-key scan.
 UPDATE agent_runs r
    SET status = 'done', locked_by = NULL, locked_until = NULL,
-       result_json = (%(results)s::jsonb[])[array_position(%(ids)s::uuid[], r.id)],
+       result_json = CASE WHEN %(results)s::jsonb[] IS NOT NULL
+                          THEN (%(results)s::jsonb[])[array_position(%(ids)s::uuid[], r.id)] END,
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE r.id = ANY (%(ids)s::uuid[])

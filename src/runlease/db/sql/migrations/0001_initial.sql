@@ -155,12 +155,19 @@ CREATE TABLE agent_run_steps (
 -- any lock it takes; hence a function.
 CREATE FUNCTION runlease_claim(
     p_pool text, p_worker text, p_n integer, p_lease_s integer, p_now timestamptz
-) RETURNS SETOF agent_runs
+) RETURNS TABLE (
+    id uuid, pool text, tenant_id text, priority integer, attempts integer,
+    max_attempts integer, lease_epoch bigint, locked_until timestamptz,
+    cancel_requested_at timestamptz, input_json jsonb, budget_json jsonb,
+    created_at timestamptz, available_at timestamptz, updated_at timestamptz,
+    nth bigint
+)
 LANGUAGE plpgsql
 -- Custom plans would be re-planned at every call (the planning costs more
 -- than the claim); the generic plans use the same indexes.
 SET plan_cache_mode = force_generic_plan
 AS $$
+#variable_conflict use_column
 DECLARE
     v_now     timestamptz := coalesce(p_now, now());
     v_lease_s       integer;
@@ -281,15 +288,16 @@ BEGIN
          WHERE room.free IS NULL OR c.nth <= room.free
          ORDER BY nth
          LIMIT p_n
-    ), leased AS (
-        UPDATE agent_runs r
-           SET status = 'leased', locked_by = p_worker, locked_until = v_now
-               + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
-               attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
-          FROM chosen
-         WHERE r.id = chosen.id
-        RETURNING r.*
     )
-    SELECT leased.* FROM leased JOIN chosen USING (id) ORDER BY chosen.nth;
+    -- Only what a worker needs; nth is the claim order (the caller sorts).
+    UPDATE agent_runs r
+       SET status = 'leased', locked_by = p_worker, locked_until = v_now
+           + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
+           attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
+      FROM chosen
+     WHERE r.id = chosen.id
+    RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
+              r.lease_epoch, r.locked_until, r.cancel_requested_at, r.input_json,
+              r.budget_json, r.created_at, r.available_at, r.updated_at, chosen.nth;
 END;
 $$;
