@@ -15,7 +15,7 @@ from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate as apply_migrations
 from runlease.db.migrate import pending
 from runlease.errors import RunleaseError
-from runlease.settings import WorkerSettings, click_options, load
+from runlease.settings import ApiSettings, WorkerSettings, click_options, load
 
 DATA_DIR_DEFAULT = ".runlease"
 
@@ -74,16 +74,33 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 
 
 @main.command()
-@database_url_option
+@click.option("--database-url", envvar=["RUNLEASE_DATABASE_URL", "DATABASE_URL"],
+              help="Use this PostgreSQL instead of the embedded one.")
 @data_dir_option
-@click.option("--runs", default=30, show_default=True, type=click.IntRange(1, 10_000))
-def demo(database_url: str | None, data_dir: Path, runs: int) -> None:
-    """Enqueue runs for three tenants, claim and ack them, and show what happened."""
-    from runlease.demo import run_demo
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64))
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
+              help="Slots per worker.")
+@click.option("--token", "tokens", multiple=True, metavar="TENANT=TOKEN",
+              help="A tenant's API token (repeatable); generated when none is given.")
+@click.option("--admin-token", help="The admin API token; generated when not given.")
+@click.option("--demo", is_flag=True,
+              help="Submit demo runs for three tenants, show them live, then stop.")
+def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers: int,
+        concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
+        demo: bool) -> None:
+    """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
+    from runlease.dev import DevOptions, parse_pairs, run_dev
 
-    with database(database_url, data_dir) as url:
-        apply_migrations(url)
-        asyncio.run(run_demo(url, runs, echo=click.echo))
+    try:
+        tenant_tokens = parse_pairs(tokens)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--token") from None
+    options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
+                         workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
+                         admin_token=admin_token, demo=demo)
+    sys.exit(asyncio.run(run_dev(options, click.echo)))
 
 
 @main.command()
@@ -95,6 +112,29 @@ def worker(**options: object) -> None:
 
     settings = load(WorkerSettings, options)
     sys.exit(asyncio.run(Worker(settings).run()))
+
+
+@main.command()
+@click_options(ApiSettings)
+def api(**options: object) -> None:
+    """Serve the HTTP API. Every option is also a RUNLEASE_* environment variable."""
+    from runlease.api.app import create_app
+    from runlease.api.server import ApiServer
+
+    settings = load(ApiSettings, options)
+    server = ApiServer(create_app(settings), settings.host, settings.port)
+    asyncio.run(server.serve())
+
+
+def _client_commands() -> None:
+    from runlease.cli_client import dead, pools, runs
+
+    main.add_command(runs)
+    main.add_command(dead)
+    main.add_command(pools)
+
+
+_client_commands()
 
 
 def run() -> None:

@@ -1,75 +1,123 @@
-"""`runlease demo`: the queue core at work, on the embedded default.
+"""`runlease dev --demo`: runs for three tenants through the API, shown live.
 
-Three tenants enqueue runs into one pool; three workers claim them in batches
-under a per-tenant limit, fail some once (retried with backoff), and ack the
-rest. The output shows the fair interleaving of tenants and the summary.
+Script-agent runs: quick ones, slow ones, one that fails on its first
+attempt and is retried after the backoff, one that fails for good (a dead
+letter), shell steps, and a long one the demo cancels while it runs. The
+terminal shows each run's state as it changes, then a summary per tenant.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
-from runlease.clock import SystemClock
-from runlease.db.connect import make_pool
-from runlease.db.models import Pool
-from runlease.db.store import NewRun, RunStore
-from runlease.errors import LeaseLost
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
-POOL = "demo"
+from runlease.client import AsyncClient, RunView
+
+Echo = Callable[[str], None]
+
+PLANS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "acme": [
+        ("quick", {"steps": [{"emit": {"text": "hello"}}, {"sleep": 0.5}]}),
+        ("quick", {"steps": [{"emit": {"text": "hello"}}, {"sleep": 0.7}]}),
+        ("slow", {"steps": [{"emit": {"text": "thinking"}}, {"sleep": 4},
+                            {"emit": {"text": "done thinking"}}]}),
+        ("flaky", {"steps": [{"emit": {"text": "calling a flaky tool"}},
+                             {"fail": "retryable", "until_attempt": 2},
+                             {"emit": {"text": "worked the second time"}}]}),
+    ],
+    "globex": [
+        ("shell", {"steps": [{"shell": ["sh", "-c", "echo hello from $RUNLEASE_RUN_ID"]},
+                             {"emit": {"text": "ran a shell step"}}]}),
+        ("shell", {"steps": [{"shell": ["sh", "-c", "sleep 1; uname -s"]}]}),
+        ("broken", {"steps": [{"fail": "fatal"}]}),
+    ],
+    "initech": [
+        ("quick", {"steps": [{"sleep": 1}, {"emit": {"text": "ok"}}]}),
+        ("to cancel", {"steps": [{"emit": {"text": "starting a long job"}},
+                                 {"shell": ["sh", "-c", "sleep 600"]}]}),
+    ],
+}
 
 
-async def run_demo(url: str, runs: int, *, echo: Callable[[str], None] = print) -> None:
-    rng = random.Random(7)
-    async with make_pool(url, max_size=6, application_name="runlease-demo") as pool:
-        store = RunStore(pool, clock=SystemClock())
-        # Backoff is 5 s at the first retry; aging off so priorities read plainly.
-        await store.upsert_pool(Pool(POOL, max_attempts=3, lease_s=30, default_max_in_flight=2,
-                                     priority_aging_s=0))
-        big = max(1, runs * 2 // 3)
-        small = max(1, (runs - big) // 2)
-        batch = [NewRun("acme", {"n": i, "fail_once": i % 7 == 3}) for i in range(big)]
-        batch += [NewRun("globex", {"n": i, "fail_once": False}) for i in range(small)]
-        batch += [NewRun("initech", {"n": i, "fail_once": False}, priority=1)
-                  for i in range(runs - big - small)]
-        await store.enqueue_many(POOL, batch)
-        echo(f"enqueued {len(batch)} runs into pool {POOL!r}: acme {big}, globex {small}, "
-             f"initech {runs - big - small} (priority 1); each tenant may lease 2 at once")
+def table(runs: dict[str, tuple[str, RunView]], title: str) -> Table:
+    t = Table(title=title)
+    for column in ("run", "tenant", "kind", "status", "attempt", "events", "error"):
+        t.add_column(column)
+    colors = {"done": "green", "dead": "red", "cancelled": "yellow", "leased": "cyan",
+              "pending": "white"}
+    for kind, run in runs.values():
+        t.add_row(str(run.id)[-12:], run.tenant_id, kind,
+                  f"[{colors[run.status]}]{run.status}[/]", f"{run.attempts}/{run.max_attempts}",
+                  str(run.last_event_seq), run.error_code or "")
+    return t
 
-        order: list[str] = []
-        retried = Counter[str]()
-        remaining = len(batch)
 
-        async def worker(name: str) -> None:
-            nonlocal remaining
-            while remaining > 0:
-                leases = await store.claim(POOL, name, 2)
-                if not leases:
-                    await asyncio.sleep(0.2)
-                    continue
-                for lease in leases:
-                    run = lease.run
-                    order.append(run.tenant_id)
-                    await asyncio.sleep(rng.uniform(0.01, 0.05))  # the "agent" at work
-                    try:
-                        if run.input_json["fail_once"] and run.attempts == 1:
-                            retried[run.tenant_id] += 1
-                            await store.nack(lease, "retryable", "flaky tool, will retry")
-                            echo(f"  {name}: {run.tenant_id} run {run.input_json['n']} failed, "
-                                 "retrying with backoff")
-                            continue
-                        await store.ack(lease, {"answer": run.input_json["n"] * 2})
-                        remaining -= 1
-                    except LeaseLost:
-                        echo(f"  {name}: lost the lease on {run.id}")
+def summarize(runs: dict[str, tuple[str, RunView]]) -> dict[str, Counter[str]]:
+    summary: dict[str, Counter[str]] = {t: Counter() for t in PLANS}
+    for _, run in runs.values():
+        summary[run.tenant_id][run.status] += 1
+        summary[run.tenant_id]["retried"] += run.attempts > 1
+        summary[run.tenant_id]["events"] += run.last_event_seq
+    return summary
 
-        await asyncio.gather(*(worker(f"worker-{i}") for i in range(3)))
-        echo("claim order of the first 15 runs (tenants interleave; initech first by priority):")
-        echo("  " + " ".join(t[0].upper() for t in order[:15]))
-        done = await store.list_runs(pool=POOL, status="done", limit=500)
-        by_tenant = Counter(r.tenant_id for r in done)
-        echo(f"{'tenant':<10}{'done':>6}{'retried':>9}")
-        for tenant in ("acme", "globex", "initech"):
-            echo(f"{tenant:<10}{by_tenant[tenant]:>6}{retried[tenant]:>9}")
+
+def summary_table(summary: dict[str, Counter[str]]) -> Table:
+    t = Table(title="summary")
+    columns = ("done", "dead", "cancelled", "retried", "events")
+    t.add_column("tenant")
+    for column in columns:
+        t.add_column(column)
+    for tenant, counts in summary.items():
+        t.add_row(tenant, *(str(counts[c]) for c in columns))
+    return t
+
+
+async def run_api_demo(base: str, tokens: dict[str, str], admin: str, echo: Echo,
+                       timeout_s: float = 120.0) -> dict[str, Counter[str]]:
+    clients = {t: AsyncClient(base, tokens[t]) for t in PLANS}
+    runs: dict[str, tuple[str, RunView]] = {}
+    try:
+        for tenant, plans in PLANS.items():
+            for kind, plan in plans:
+                run = await clients[tenant].submit(plan, max_attempts=3)
+                runs[str(run.id)] = (kind, run)
+        echo(f"submitted {len(runs)} runs for {', '.join(PLANS)}; following them live")
+        to_cancel = next(r for k, r in runs.values() if k == "to cancel")
+        cancelled = False
+        started = time.monotonic()
+        console = Console()
+        with Live(table(runs, "runs"), console=console, refresh_per_second=4) as live:
+            while True:
+                for run_id, (kind, run) in list(runs.items()):
+                    if not run.finished:
+                        fresh = await clients[run.tenant_id].get(run_id)
+                        runs[run_id] = (kind, fresh)
+                current = runs[str(to_cancel.id)][1]
+                if not cancelled and current.status == "leased" and current.last_event_seq:
+                    await clients[current.tenant_id].cancel(current.id)
+                    cancelled = True
+                live.update(table(runs, f"runs ({time.monotonic() - started:.0f} s)"))
+                if all(r.finished for _, r in runs.values()):
+                    break
+                if time.monotonic() - started > timeout_s:
+                    echo("the demo timed out; are the workers running?")
+                    break
+                await asyncio.sleep(0.25)
+        summary = summarize(runs)
+        console.print()
+        console.print(summary_table(summary))
+        async with AsyncClient(base, admin) as ops:
+            dead = await ops.dead_letters()
+        echo(f"dead letters (admin view): {len(dead.items)}; redrive one with "
+             f"`runlease dead redrive <id>`")
+        return summary
+    finally:
+        for c in clients.values():
+            await c.aclose()

@@ -56,3 +56,13 @@ RETENTION_DELETED = Counter("runlease_retention_deleted_total",
 LEADER = Gauge("runlease_leader", "1 while this process is the elected leader.", ["name"])
 LEADER_CHANGES = Counter("runlease_leader_changes_total",
                          "Times this process gained or lost leadership.", ["name", "change"])
+
+# -- API ---------------------------------------------------------------------------
+API_REQUESTS = Counter("runlease_api_requests_total", "HTTP requests, by route and status.",
+                       ["method", "route", "status"])
+API_LATENCY = Histogram("runlease_api_request_duration_seconds",
+                        "HTTP request duration (for event streams: until the response starts).",
+                        ["method", "route"], buckets=_LATENCY_BUCKETS)
+RUNS_SUBMITTED = Counter("runlease_runs_submitted_total", "Runs enqueued through the API.",
+                         ["pool"])
+SSE_STREAMS = Gauge("runlease_sse_streams", "Event streams open now.")

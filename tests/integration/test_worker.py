@@ -3,11 +3,9 @@ steps, cancellation, polling without LISTEN."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -16,40 +14,18 @@ import pytest
 
 from runlease.db.models import Run
 from runlease.db.store import RunStore
-from runlease.settings import WorkerSettings, load
 from runlease.worker.worker import Worker
 from tests.support import agents
 from tests.support.proc import processes_with
 from tests.support.waiting import until
+from tests.support.workers import running_worker as shared_worker
 
-_ids = itertools.count()
 FINAL = ("done", "dead", "cancelled")
 
 
-@asynccontextmanager
-async def running_worker(
-    db_url: str, agent: Callable[..., Awaitable[Any]], **settings: Any
-) -> AsyncIterator[Worker]:
-    values: dict[str, Any] = {
-        "agent": "tests.support.agents:echo",
-        "database_url": db_url,
-        "metrics_port": 0,
-        "lease_s": 6,
-        "heartbeat_interval_s": 1,
-        "poll_interval_s": 0.2,
-        "reaper_interval_s": 0.5,
-        "cancel_grace_s": 1,
-        "tool_kill_grace_s": 1,
-    } | settings
-    worker = Worker(load(WorkerSettings, values, environ={}), agent=agent,
-                    identity=f"test-worker-{next(_ids)}", handle_signals=False)
-    task = asyncio.create_task(worker.run())
-    await asyncio.wait_for(worker.started.wait(), 10)
-    try:
-        yield worker
-    finally:
-        worker.drain()
-        assert await asyncio.wait_for(task, 30) == 0
+async def running_worker(db_url: str, agent: Callable[..., Awaitable[Any]], **settings: Any
+                         ) -> AbstractAsyncContextManager[Worker]:
+    return shared_worker(db_url, agent, **({"agent": "tests.support.agents:echo"} | settings))
 
 
 async def finished(store: RunStore, run_id: UUID, timeout_s: float = 30) -> Run:

@@ -99,10 +99,12 @@ class EmbeddedPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        # A session of its own: a Ctrl-C at the terminal must not reach the
+        # postmaster, which its owner stops last, after the workers drain.
         result = subprocess.run(
             [str(bin_dir() / args[0]), *args[1:]],
             capture_output=True, text=True, timeout=timeout, check=False,
-            user=self._uid, env={**os.environ, "LC_ALL": "C"},
+            user=self._uid, env={**os.environ, "LC_ALL": "C"}, start_new_session=True,
         )
         if result.returncode != 0:
             raise EmbeddedError(

@@ -9,7 +9,6 @@ from uuid import UUID
 
 from runlease.core.states import RunStatus
 
-
 _NAMES: dict[type[Any], tuple[str, ...]] = {}
 
 

@@ -292,12 +292,12 @@ class RunStore:
         worker = items[0][0].worker
         if any(lease.worker != worker for lease, _ in items):
             raise ValueError("ack_many takes the leases of one worker")
-        results: list[str | None] | None = [
+        rendered = [
             None if result is None else bounds.json_text("result", result, self.max_result_bytes)
             for _, result in items
         ]
-        if not any(results):  # typical of a batch of no-op runs; nothing to send
-            results = None
+        # A batch of no-op runs has nothing to send: one NULL instead of an array.
+        results = None if all(r is None for r in rendered) else rendered
         rows = await self._rows(
             "run_ack",
             {

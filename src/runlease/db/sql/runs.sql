@@ -110,6 +110,7 @@ RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL
 -- a join, so the plan is one primary-key scan.
 UPDATE agent_runs r
    SET status = 'done', locked_by = NULL, locked_until = NULL,
+       error_code = NULL, error_message = NULL,  -- an earlier attempt's; events keep it
        result_json = CASE WHEN %(results)s::jsonb[] IS NOT NULL
                           THEN (%(results)s::jsonb[])[array_position(%(ids)s::uuid[], r.id)] END,
        finished_at = coalesce(%(now)s::timestamptz, now()),

@@ -1,0 +1,418 @@
+"""End-to-end throughput: no-op runs drained by real `runlease worker` processes.
+
+    python bench/throughput.py [--database-url URL] [--jobs 20000] [--json]
+
+For P = 1, 2, 4 worker processes (`python -m runlease worker`, settings from
+RUNLEASE_* variables, the agent `bench.agents:noop`): enqueue `jobs` runs
+first (timed on its own), then start the workers and time from their spawn
+until every run is done (the parent polls `count(*) ... WHERE status <> 'done'`
+every 50 ms). Settings are the idiomatic ones: `--concurrency` slots per
+process, claim batch = the free slots (the default), acks grouped by the
+worker's acker, heartbeats on (default interval), one reaper (the others
+--no-reaper), metrics off, log level WARNING (the peers' workers log warnings
+only too).
+
+On the same server, in the same run:
+
+- the raw SQL floor: bench/claim.py's seed statements, K=4 claimers, batch 50;
+- PgQueuer and Procrastinate draining as many no-op jobs (bench/peers.py),
+  when those libraries are importable (the `bench` extra).
+
+Two figures per worker count: `wall` (spawn -> all done, as specified: it
+includes interpreter start, imports and connecting) and `drain` (first to
+last ack, by the server's clock: finished_at), which is what the peers' and
+the raw floor's figures measure (they start their clock once the consumers
+are connected). Targets (shown, not asserted): >= 3x PgQueuer and >= 0.5 of
+the raw batched floor. Without --database-url a durable embedded PostgreSQL
+is started (fsync on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import emit_json, fresh_database, machine, print_table, server
+
+from runlease.db.connect import make_pool
+from runlease.db.store import NewRun, RunStore
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+
+TENANTS = 10
+ENQUEUE_BATCH = 1000
+POLL_S = 0.05
+NOT_INSTALLED = "not installed (pip install -e '.[bench]')"
+TARGET_VS_PGQUEUER = 3.0
+TARGET_VS_RAW = 0.5
+
+
+# --------------------------------------------------------------------------
+# Worker processes (also used by bench/latency.py)
+# --------------------------------------------------------------------------
+
+
+class WorkerProc:
+    """One `python -m runlease worker` in its own session, settings as env."""
+
+    def __init__(self, url: str, name: str, settings: Mapping[str, object],
+                 log_dir: Path) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("RUNLEASE_") and k != "DATABASE_URL"}
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env.update({
+            "RUNLEASE_DATABASE_URL": url,
+            "RUNLEASE_METRICS_PORT": "0",
+            "RUNLEASE_LOG_LEVEL": "WARNING",
+            "POD_UID": f"bench-{name}",
+        })
+        for key, value in settings.items():
+            env["RUNLEASE_" + key.upper()] = (str(value).lower() if isinstance(value, bool)
+                                              else str(value))
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def identity_prefix(self) -> str:
+        """Every worker id of this process starts with this (POD_UID:...)."""
+        return f"bench-{self.name}:"
+
+    def start(self) -> WorkerProc:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "runlease", "worker"], env=self.env, cwd=ROOT,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"worker {self.name} exited with code {self.proc.returncode}\n"
+                               + self.log_tail())
+
+    def kill9(self) -> None:
+        """kill -9 of the worker process alone (its session is cleaned up later)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM (the worker drains), then SIGKILL of the whole session."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace_s)
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def log_tail(self, limit: int = 3000) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return f"--- {self.name} log ---\n{text[-limit:]}" if text else ""
+
+
+@contextlib.contextmanager
+def worker_fleet(url: str, log_dir: Path) -> Iterator[list[WorkerProc]]:
+    """A list to put started workers in; every one is killed (whole session) at exit."""
+    procs: list[WorkerProc] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, so every finally (child kills, server
+    stop) runs; Ctrl-C exits with 130 and no traceback."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("interrupted: child processes killed", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+# --------------------------------------------------------------------------
+# runlease
+# --------------------------------------------------------------------------
+
+
+def load_runs(url: str, jobs: int) -> float:
+    """Empty the queue, enqueue `jobs` no-op runs in batches; returns seconds."""
+    async def go() -> float:
+        async with make_pool(url, max_size=1) as pool:
+            store = RunStore(pool)
+            async with store.connection() as conn:
+                await conn.execute("TRUNCATE agent_runs CASCADE")
+            t0 = time.perf_counter()
+            for start in range(0, jobs, ENQUEUE_BATCH):
+                await store.enqueue_many("default", [
+                    NewRun(f"t{i % TENANTS}", {})
+                    for i in range(start, min(jobs, start + ENQUEUE_BATCH))
+                ])
+            elapsed = time.perf_counter() - t0
+            async with store.connection() as conn:
+                # Statistics now, not an autoanalyze in the middle of a drain.
+                await conn.execute("VACUUM ANALYZE agent_runs")
+            return elapsed
+
+    return asyncio.run(go())
+
+
+def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s: float,
+               log_dir: Path) -> dict[str, Any]:
+    enqueue_s = load_runs(url, jobs)
+    load_before = os.getloadavg()[0]
+    with psycopg.connect(url, autocommit=True) as poll, worker_fleet(url, log_dir) as fleet:
+        t0 = time.perf_counter()
+        for i in range(processes):
+            fleet.append(WorkerProc(url, f"tp{processes}-{i}", {
+                "agent": "bench.agents:noop",
+                "concurrency": concurrency,
+                "reaper": i == 0,
+            }, log_dir).start())
+        deadline = t0 + timeout_s
+        while (left := scalar(poll, "SELECT count(*) FROM agent_runs WHERE status <> 'done'")):
+            for p in fleet:
+                p.check_alive()
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{processes} worker(s): {left} of {jobs} runs not done "
+                                   f"after {timeout_s:.0f} s\n"
+                                   + "\n".join(p.log_tail() for p in fleet))
+            time.sleep(POLL_S)
+        wall_s = time.perf_counter() - t0
+        drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
+                                     "min(finished_at)) FROM agent_runs"))
+        for p in fleet:  # graceful: SIGTERM drains (nothing left to run)
+            p.stop(grace_s=15)
+        warnings = [line for p in fleet for line in p.log_tail(100_000).splitlines()
+                    if " WARNING " in line or " ERROR " in line]
+    return {
+        "processes": processes,
+        "concurrency": concurrency,
+        "enqueue_s": round(enqueue_s, 4),
+        "enqueue_runs_per_s": round(jobs / enqueue_s, 1),
+        "wall_s": round(wall_s, 4),
+        "jobs_per_s": round(jobs / wall_s, 1),
+        "drain_s": round(drain_s, 4),
+        "drain_jobs_per_s": round(jobs / drain_s, 1) if drain_s > 0 else None,
+        "startup_s": round(wall_s - drain_s, 4),
+        "host_loadavg_1m_before": round(load_before, 2),
+        "worker_warnings": warnings[:20],
+    }
+
+
+# --------------------------------------------------------------------------
+# Floor and peers
+# --------------------------------------------------------------------------
+
+
+def raw_floor(url: str, jobs: int, claimers: int, batch: int) -> dict[str, Any]:
+    import claim  # bench/claim.py: its spawned claimers import it by name too
+
+    load_before = os.getloadavg()[0]
+    rate = claim.measure(url, "raw", claimers, batch, jobs)
+    return {"claimers": claimers, "batch": batch, "jobs_per_s": round(rate, 1),
+            "host_loadavg_1m_before": round(load_before, 2)}
+
+
+def run_peer(name: str, url: str, jobs: int, timeout_s: float) -> dict[str, Any]:
+    if importlib.util.find_spec(name) is None:
+        return {"peer": name, "status": NOT_INSTALLED}
+    import peers  # bench/peers.py
+
+    bench = peers.bench_pgqueuer if name == "pgqueuer" else peers.bench_procrastinate
+    try:
+        result: dict[str, Any] = bench(url, jobs=jobs, timeout_s=timeout_s)
+    except Exception as exc:  # one peer failing must not lose the other figures
+        return {"peer": name, "status": f"failed: {type(exc).__name__}: {exc}"[:2000]}
+    result["status"] = "ok"
+    return result
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def verdict(value: float | None, target: float) -> str:
+    if value is None:
+        return "n/a"
+    return "met" if value >= target else "NOT met"
+
+
+def summarize(figures: dict[str, Any]) -> None:
+    best = max(figures["ours"], key=lambda r: r["jobs_per_s"])
+    best_drain = max(figures["ours"], key=lambda r: r["drain_jobs_per_s"] or 0)
+    pgq = figures["pgqueuer"].get("jobs_per_s")
+    raw = figures["raw_floor"]["jobs_per_s"]
+    figures["best"] = {"processes": best["processes"], "jobs_per_s": best["jobs_per_s"],
+                       "drain_processes": best_drain["processes"],
+                       "drain_jobs_per_s": best_drain["drain_jobs_per_s"]}
+    figures["ratios"] = {
+        "ours_wall_vs_pgqueuer": ratio(best["jobs_per_s"], pgq),
+        "ours_drain_vs_pgqueuer": ratio(best_drain["drain_jobs_per_s"], pgq),
+        "ours_wall_vs_procrastinate": ratio(best["jobs_per_s"],
+                                            figures["procrastinate"].get("jobs_per_s")),
+        "ours_drain_vs_procrastinate": ratio(best_drain["drain_jobs_per_s"],
+                                             figures["procrastinate"].get("jobs_per_s")),
+        "ours_wall_vs_raw": ratio(best["jobs_per_s"], raw),
+        "ours_drain_vs_raw": ratio(best_drain["drain_jobs_per_s"], raw),
+    }
+    r = figures["ratios"]
+    figures["targets"] = {
+        "vs_pgqueuer": {"target": TARGET_VS_PGQUEUER,
+                        "wall": verdict(r["ours_wall_vs_pgqueuer"], TARGET_VS_PGQUEUER),
+                        "drain": verdict(r["ours_drain_vs_pgqueuer"], TARGET_VS_PGQUEUER)},
+        "vs_raw": {"target": TARGET_VS_RAW,
+                   "wall": verdict(r["ours_wall_vs_raw"], TARGET_VS_RAW),
+                   "drain": verdict(r["ours_drain_vs_raw"], TARGET_VS_RAW)},
+    }
+
+
+def print_report(figures: dict[str, Any]) -> None:
+    jobs = figures["jobs"]
+    print(f"\n{jobs:,} no-op runs, PostgreSQL {figures['server']} "
+          f"({'durable embedded' if figures['embedded'] else 'given URL'}), "
+          f"{figures['machine']['cpus']} CPUs\n")
+    rows: list[Sequence[Any]] = []
+    for r in figures["ours"]:
+        rows.append([f"runlease P={r['processes']} x c={r['concurrency']}", r["jobs_per_s"],
+                     r["drain_jobs_per_s"], r["wall_s"], r["startup_s"],
+                     r["enqueue_runs_per_s"], r["host_loadavg_1m_before"]])
+    raw = figures["raw_floor"]
+    rows.append([f"raw SQL floor K={raw['claimers']} batch={raw['batch']}", "",
+                 raw["jobs_per_s"], "", "", "", raw["host_loadavg_1m_before"]])
+    for name in ("pgqueuer", "procrastinate"):
+        p = figures[name]
+        if p.get("status") != "ok":
+            rows.append([name, p["status"], "", "", "", "", ""])
+            continue
+        s = p["settings"]
+        shape = (f"consumers={s['consumers']} batch={s['batch_size']}" if name == "pgqueuer"
+                 else f"concurrency={s['concurrency']}")
+        rows.append([f"{name} {p['version']} {shape}", "", p["jobs_per_s"], "",
+                     p["startup_s"], round(jobs / p["enqueue_s"], 1) if p["enqueue_s"] else "",
+                     p["host_loadavg_1m_before"]])
+    print_table(["queue", "wall jobs/s", "drain jobs/s", "wall s", "startup s",
+                 "enqueue runs/s", "load1"], rows)
+    r, t = figures["ratios"], figures["targets"]
+    b = figures["best"]
+    print(f"\nbest runlease: {b['jobs_per_s']:,.0f} jobs/s wall (P={b['processes']}), "
+          f"{b['drain_jobs_per_s']:,.0f} jobs/s drain (P={b['drain_processes']})")
+
+    def show(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f}"
+
+    print_table(["ratio (best runlease)", "wall", "drain", "target", "verdict wall/drain"], [
+        ["ours / PgQueuer", show(r["ours_wall_vs_pgqueuer"]), show(r["ours_drain_vs_pgqueuer"]),
+         f">= {TARGET_VS_PGQUEUER:g}", f"{t['vs_pgqueuer']['wall']} / {t['vs_pgqueuer']['drain']}"],
+        ["ours / Procrastinate", show(r["ours_wall_vs_procrastinate"]),
+         show(r["ours_drain_vs_procrastinate"]), "", ""],
+        ["ours / raw floor", show(r["ours_wall_vs_raw"]), show(r["ours_drain_vs_raw"]),
+         f">= {TARGET_VS_RAW:g}", f"{t['vs_raw']['wall']} / {t['vs_raw']['drain']}"],
+    ])
+    print("\n(wall = worker spawn -> all done, polled every 50 ms, includes interpreter start "
+          "and connecting;\n drain = first -> last ack by the server's clock, comparable to the "
+          "peers' and the raw floor's figures,\n which start once their consumers are "
+          "connected; targets shown, not asserted; noisy shared machine)")
+    for r_ in figures["ours"]:
+        if r_["worker_warnings"]:
+            print(f"\nworker warnings (P={r_['processes']}):", *r_["worker_warnings"][:5],
+                  sep="\n  ")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--database-url")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--processes", default="1,2,4", help="worker process counts to try")
+    parser.add_argument("--concurrency", type=int, default=100, help="slots per worker process")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per worker count (best kept)")
+    parser.add_argument("--raw-claimers", type=int, default=4)
+    parser.add_argument("--raw-batch", type=int, default=50)
+    parser.add_argument("--no-peers", action="store_true", help="skip PgQueuer and Procrastinate")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per drain")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    counts = [int(p) for p in args.processes.split(",")]
+
+    def note(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    figures: dict[str, Any] = {"jobs": args.jobs, "machine": machine(),
+                               "embedded": not args.database_url, "ours": []}
+    log_dir = Path(tempfile.mkdtemp(prefix="runlease-bench-throughput-"))
+    with terminate_as_interrupt(), server(args.database_url) as base_url:
+        url = fresh_database(base_url, "runlease_bench_throughput")
+        with psycopg.connect(url) as conn:
+            figures["server"] = scalar(conn, "SHOW server_version")
+        for n in counts:
+            runs = [drain_ours(url, args.jobs, n, args.concurrency, args.timeout, log_dir)
+                    for _ in range(args.repeat)]
+            best = max(runs, key=lambda r: r["jobs_per_s"])
+            best["all_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
+            figures["ours"].append(best)
+            note(f"runlease P={n}: {best['jobs_per_s']:,.0f} jobs/s wall, "
+                 f"{best['drain_jobs_per_s']:,.0f} drain")
+        figures["raw_floor"] = raw_floor(url, args.jobs, args.raw_claimers, args.raw_batch)
+        note(f"raw floor: {figures['raw_floor']['jobs_per_s']:,.0f} jobs/s")
+        for name in ("pgqueuer", "procrastinate"):
+            figures[name] = ({"peer": name, "status": "skipped (--no-peers)"} if args.no_peers
+                             else run_peer(name, base_url, args.jobs, args.timeout))
+            note(f"{name}: {figures[name].get('jobs_per_s', figures[name]['status'])}")
+    figures["worker_logs"] = str(log_dir)
+    summarize(figures)
+    if args.json:
+        emit_json(figures)
+    else:
+        print_report(figures)
+
+
+if __name__ == "__main__":
+    main()

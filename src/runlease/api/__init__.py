@@ -1,0 +1,1 @@
+"""The HTTP control plane: enqueue, read, cancel, event streams, dead letters."""

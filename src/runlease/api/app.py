@@ -1,0 +1,175 @@
+"""The HTTP control plane (FastAPI): routes in routes.py; here the app around
+them: its lifespan (pool, feed hub, listener), body bound, CORS, metrics and
+probes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runlease import __version__, metrics
+from runlease.api import errors, routes
+from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
+from runlease.api.deps import ApiState, api_state
+from runlease.api.errors import error_response
+from runlease.api.feeds import FeedHub
+from runlease.api.schemas import ErrorBody
+from runlease.db.channels import EVENTS_CHANNEL
+from runlease.db.connect import make_pool
+from runlease.db.store import RunStore
+from runlease.errors import RunleaseError, SettingsError
+from runlease.services.listener import Listener
+from runlease.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "No token, or an unknown one."},
+    403: {"model": ErrorBody, "description": "An admin-only route."},
+    404: {"model": ErrorBody, "description": "No such run (or another tenant's)."},
+    422: {"model": ErrorBody, "description": "Bad input; `field` names it."},
+    503: {"model": ErrorBody, "description": "The database is unavailable; retry."},
+}
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse request bodies over the bound before anything parses them."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_big = error_response(413, "body_too_large",
+                                 f"body: over the bound of {self.max_bytes} bytes", "body")
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await too_big(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await too_big(scope, receive, send)
+
+
+def build_registry(settings: ApiSettings) -> TokenRegistry:
+    registry = TokenRegistry()
+    if settings.tokens:
+        registry.load_pairs(settings.tokens)
+    for token in settings.admin_tokens:
+        registry.add(token, ADMIN)
+    if settings.tokens_file:
+        registry.load_file(settings.tokens_file)
+    return registry
+
+
+def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) -> FastAPI:
+    if not settings.database_url:
+        raise SettingsError("no database: set --database-url or RUNLEASE_DATABASE_URL")
+    url: str = settings.database_url
+    state = ApiState(settings=settings, tokens=tokens or build_registry(settings),
+                     stream_tokens=StreamTokens(settings.stream_token_secret,
+                                                settings.stream_token_ttl_s))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = make_pool(url, min_size=1, max_size=20, prepare=settings.prepared_statements,
+                         application_name="runlease-api")
+        await pool.open(wait=False)
+        state.store = RunStore(pool, max_input_bytes=settings.max_input_bytes)
+        state.hub = FeedHub(state.store, poll_s=settings.sse_poll_s,
+                            keepalive_s=settings.sse_keepalive_s)
+        listener = Listener(settings.listen_database_url or url,
+                            {EVENTS_CHANNEL: state.hub.notify}, on_connect=state.hub.wake_all,
+                            application_name="runlease-api-listen")
+        listener.start()
+        log.info("api_started tokens=%d", len(state.tokens))
+        try:
+            yield
+        finally:
+            state.stopping = True
+            await listener.stop(2)
+            await pool.close()
+
+    app = FastAPI(
+        title="runlease", version=__version__, lifespan=lifespan, responses=COMMON_ERRORS,
+        description="A durable run queue for long-running AI agent runs. Every route takes "
+                    "`Authorization: Bearer <token>`; a token belongs to one tenant or to "
+                    "admin. Errors are `{\"error\": {\"code\", \"message\", \"field\"}}`.",
+    )
+    app.state.runlease = state
+    errors.install(app)
+    app.include_router(routes.router)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "PUT"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
+            expose_headers=["Location"])
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+
+    @app.middleware("http")
+    async def count(request: Request,
+                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.monotonic()
+        response = await call_next(request)
+        path = getattr(request.scope.get("route"), "path", "unmatched")
+        metrics.API_REQUESTS.labels(request.method, path, str(response.status_code)).inc()
+        metrics.API_LATENCY.labels(request.method, path).observe(time.monotonic() - started)
+        return response
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz(request: Request) -> JSONResponse:
+        store = api_state(request).store
+        try:
+            assert store is not None
+            async with store.connection() as conn:
+                await asyncio.wait_for(conn.execute("SELECT 1"), 2)
+        except (RunleaseError, TimeoutError, AssertionError) as exc:
+            return error_response(503, "not_ready", f"database unreachable: {exc}")
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

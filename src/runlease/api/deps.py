@@ -1,0 +1,61 @@
+"""What routes depend on: the store, the feed hub, and who is calling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from runlease.api.auth import Principal, StreamTokens, TokenRegistry
+from runlease.api.errors import ApiError, unauthorized
+from runlease.api.feeds import FeedHub
+from runlease.db.store import RunStore
+from runlease.settings import ApiSettings
+
+
+@dataclass
+class ApiState:
+    settings: ApiSettings
+    tokens: TokenRegistry
+    stream_tokens: StreamTokens
+    store: RunStore | None = None
+    hub: FeedHub | None = None
+    stopping: bool = False
+
+
+def api_state(request: Request) -> ApiState:
+    state: ApiState = request.app.state.runlease
+    return state
+
+
+def store(request: Request) -> RunStore:
+    s = api_state(request).store
+    assert s is not None, "the app's lifespan has not started"
+    return s
+
+
+def bearer(request: Request) -> Principal | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return api_state(request).tokens.authenticate(token.strip())
+
+
+def principal(request: Request) -> Principal:
+    who = bearer(request)
+    if who is None:
+        raise unauthorized()
+    return who
+
+
+def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
+    if not who.admin:
+        raise ApiError(403, "forbidden", "admin only")
+    return who
+
+
+Store = Annotated[RunStore, Depends(store)]
+Who = Annotated[Principal, Depends(principal)]
+Admin = Annotated[Principal, Depends(admin)]

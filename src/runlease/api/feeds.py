@@ -1,0 +1,182 @@
+"""Event streams: replay from the table, then follow, shared per run.
+
+Each API process keeps one LISTEN session on the events channel and, per run
+being watched, one feed task: on a NOTIFY (or a poll, since NOTIFY is not
+durable) it reads the new events once and wakes every subscriber, so a
+hundred browsers on one busy run cost one query per change, not a hundred.
+
+A subscriber first replays from the table everything after its
+Last-Event-ID; seq values become visible in order (they are handed out under
+the run's row lock), so "after N" never skips one. The stream ends with an
+`end` event once the run is finished and every event has been sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from uuid import UUID
+
+from runlease.core.states import TERMINAL
+from runlease.db.models import Event, Run
+from runlease.db.store import RunStore
+from runlease.errors import RunleaseError, RunNotFound
+
+log = logging.getLogger(__name__)
+
+PAGE = 500
+RING = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    run: Run
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    pass
+
+
+class RunFeed:
+    def __init__(self, hub: FeedHub, run_id: UUID, start_seq: int) -> None:
+        self.hub = hub
+        self.run_id = run_id
+        self.events: list[Event] = []
+        self.last_seq = start_seq  # everything up to here is known or was before our time
+        self.first_seq = start_seq + 1  # the ring holds events from here on
+        self.finished: Run | None = None
+        self.changed = asyncio.Condition()
+        self.wake = asyncio.Event()
+        self.subscribers = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def covering(self, after: int) -> list[Event] | None:
+        """Events after `after` from the ring, or None if it does not reach back."""
+        if after + 1 < self.first_seq:
+            return None
+        return [e for e in self.events if e.seq > after]
+
+    async def run(self) -> None:
+        store = self.hub.store
+        while self.subscribers > 0 and self.finished is None:
+            try:
+                fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
+                if not fresh:
+                    run = await store.get(self.run_id)
+                    if run.status in TERMINAL:
+                        # Nothing is written after the final transition, so one
+                        # more read after seeing it finished is complete.
+                        fresh = await store.events_after(self.run_id, self.last_seq,
+                                                         limit=PAGE)
+                        if not fresh:
+                            self.finished = run
+            except RunNotFound:
+                self.finished = None
+                return
+            except RunleaseError as exc:
+                log.warning("feed_read_failed run_id=%s error=%s", self.run_id, exc)
+                fresh = []
+            if fresh:
+                self.events.extend(fresh)
+                self.last_seq = fresh[-1].seq
+                if len(self.events) > RING:
+                    drop = len(self.events) - RING
+                    self.first_seq = self.events[drop].seq
+                    del self.events[:drop]
+            if fresh or self.finished:
+                async with self.changed:
+                    self.changed.notify_all()
+            if fresh and len(fresh) == PAGE:
+                continue
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.hub.poll_s)
+
+
+class FeedHub:
+    def __init__(self, store: RunStore, *, poll_s: float = 1.0, keepalive_s: float = 15.0) -> None:
+        self.store = store
+        self.poll_s = poll_s
+        self.keepalive_s = keepalive_s
+        self.feeds: dict[UUID, RunFeed] = {}
+        self.closed = False
+
+    async def close(self) -> None:
+        """End every stream (on shutdown): open streams must not hold it up."""
+        self.closed = True
+        for feed in list(self.feeds.values()):
+            async with feed.changed:
+                feed.changed.notify_all()
+
+    def notify(self, payload: str) -> None:
+        """A NOTIFY on the events channel: `<run id>:<seq>`."""
+        run_id, _, _ = payload.partition(":")
+        try:
+            feed = self.feeds.get(UUID(run_id))
+        except ValueError:
+            return
+        if feed is not None:
+            feed.wake.set()
+
+    def wake_all(self) -> None:
+        for feed in self.feeds.values():
+            feed.wake.set()
+
+    @property
+    def subscribers(self) -> int:
+        return sum(f.subscribers for f in self.feeds.values())
+
+    async def stream(self, run_id: UUID, after: int) -> AsyncIterator[Event | End | Keepalive]:
+        """Everything after `after`, then live events, then End."""
+        while True:  # replay from the table first
+            page = await self.store.events_after(run_id, after, limit=PAGE)
+            for event in page:
+                yield event
+                after = event.seq
+            if len(page) < PAGE:
+                break
+        feed = self.feeds.get(run_id)
+        if feed is None:
+            feed = self.feeds[run_id] = RunFeed(self, run_id, after)
+        feed.subscribers += 1
+        if feed.task is None or feed.task.done():
+            feed.task = asyncio.create_task(feed.run(), name=f"feed-{run_id}")
+        try:
+            async for item in self._follow(feed, after):
+                yield item
+        finally:
+            feed.subscribers -= 1
+            if feed.subscribers == 0:
+                if feed.task is not None:
+                    feed.task.cancel()
+                self.feeds.pop(run_id, None)
+
+    async def _follow(self, feed: RunFeed, after: int) -> AsyncIterator[Event | End | Keepalive]:
+        while not self.closed:
+            fresh = feed.covering(after)
+            if fresh is None:
+                fresh = await self.store.events_after(feed.run_id, after, limit=PAGE)
+            for event in fresh:
+                yield event
+                after = event.seq
+            if fresh and len(fresh) == PAGE:
+                continue
+            if feed.finished is not None and feed.last_seq <= after:
+                yield End(feed.finished)
+                return
+            if feed.task is not None and feed.task.done() and feed.finished is None:
+                raise RunNotFound(feed.run_id)
+            idle = False
+            async with feed.changed:
+                # Checked under the lock the feed notifies under: no lost wake-up.
+                if feed.last_seq <= after and feed.finished is None and not self.closed:
+                    try:
+                        await asyncio.wait_for(feed.changed.wait(), self.keepalive_s)
+                    except TimeoutError:
+                        idle = True
+            if idle:  # never yield while holding the feed's lock
+                yield Keepalive()

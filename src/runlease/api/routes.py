@@ -1,0 +1,217 @@
+"""The /v1 routes. A tenant sees and acts on its own runs only: another
+tenant's run is a 404, exactly like a run that does not exist, and lease
+internals (which worker holds a run) are shown to admins only."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from runlease import metrics
+from runlease.api.auth import Principal
+from runlease.api.deps import Admin, Store, Who, api_state, bearer
+from runlease.api.errors import invalid, unauthorized
+from runlease.api.feeds import End, FeedHub, Keepalive
+from runlease.api.schemas import (
+    POOL_PATTERN,
+    ErrorBody,
+    PoolIn,
+    PoolOut,
+    RunCreate,
+    RunOut,
+    RunPage,
+    Status,
+    StreamToken,
+)
+from runlease.core.states import RunStatus
+from runlease.db.models import Event, Pool, Run
+from runlease.errors import RunNotFound
+
+router = APIRouter(prefix="/v1")
+
+PoolName = Annotated[str | None, Query(min_length=1, max_length=48, pattern=POOL_PATTERN)]
+Limit = Annotated[int, Query(ge=1, le=500)]
+
+
+def page(runs: list[Run], limit: int, *, admin: bool) -> RunPage:
+    return RunPage(items=[RunOut.of(r, admin=admin) for r in runs],
+                   next_cursor=str(runs[-1].id) if len(runs) == limit else None)
+
+
+def tenant_for(body: RunCreate, who: Principal) -> str:
+    if who.admin:
+        if body.tenant_id is None:
+            raise invalid("tenant_id", "admin must name the tenant")
+        return body.tenant_id
+    if body.tenant_id is not None and body.tenant_id != who.tenant_id:
+        raise invalid("tenant_id", "a tenant token submits for its own tenant only")
+    assert who.tenant_id is not None
+    return who.tenant_id
+
+
+@router.post(
+    "/runs", status_code=201, response_model=RunOut,
+    responses={200: {"model": RunOut, "description": "The run this Idempotency-Key names."},
+               409: {"model": ErrorBody, "description": "The key names another input's run."},
+               413: {"model": ErrorBody, "description": "Body over the bound."}},
+)
+async def submit(
+    body: RunCreate, who: Who, store: Store, response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+                                                  max_length=255)] = None,
+) -> RunOut:
+    """Enqueue a run. The same Idempotency-Key again returns the same run (200)."""
+    result = await store.enqueue(
+        body.pool, tenant_for(body, who), body.input, priority=body.priority,
+        max_attempts=body.max_attempts,
+        budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
+        idempotency_key=idempotency_key,
+    )
+    if result.inserted:
+        metrics.RUNS_SUBMITTED.labels(body.pool).inc()
+    else:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/runs/{result.run.id}"
+    return RunOut.of(result.run, admin=who.admin)
+
+
+@router.get("/runs", response_model=RunPage)
+async def list_runs(who: Who, store: Store, status: Status | None = None,
+                    pool: PoolName = None, limit: Limit = 50,
+                    cursor: UUID | None = None) -> RunPage:
+    """Runs, newest first; pass `next_cursor` back as `cursor` for the next page."""
+    runs = await store.list_runs(tenant_id=who.scope, pool=pool, status=status, limit=limit,
+                                 before=cursor)
+    return page(runs, limit, admin=who.admin)
+
+
+@router.get("/runs/{run_id}", response_model=RunOut)
+async def get_run(run_id: UUID, who: Who, store: Store) -> RunOut:
+    return RunOut.of(await store.get(run_id, tenant_id=who.scope), admin=who.admin)
+
+
+@router.post("/runs/{run_id}/cancel", status_code=202, response_model=RunOut)
+async def cancel(run_id: UUID, who: Who, store: Store) -> RunOut:
+    """Stop a run: a pending one is cancelled at once; a running one is stopped by
+    its worker, tool processes included. Closing an event stream never cancels
+    anything; only this does."""
+    return RunOut.of(await store.request_cancel(run_id, tenant_id=who.scope), admin=who.admin)
+
+
+@router.post("/runs/{run_id}/stream-token", response_model=StreamToken)
+async def stream_token(run_id: UUID, who: Who, store: Store, request: Request) -> StreamToken:
+    """A short-lived token for this run's event stream only, for browsers
+    (EventSource cannot send an Authorization header): pass it as `?token=`."""
+    await store.get(run_id, tenant_id=who.scope)
+    token, expires = api_state(request).stream_tokens.issue(run_id, who)
+    return StreamToken(token=token, expires_at=expires,
+                       url=f"/v1/runs/{run_id}/events?token={token}")
+
+
+@router.get(
+    "/runs/{run_id}/events", response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}},
+                     "description": "Server-Sent Events: one per run event (id = its seq), "
+                                    "keepalive comments, and a final `end` event."}},
+)
+async def events(
+    run_id: UUID, request: Request, store: Store,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    token: Annotated[str | None, Query(max_length=512)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+) -> StreamingResponse:
+    """Replays stored events after Last-Event-ID (or `after`), then follows live
+    ones; reconnecting with Last-Event-ID loses nothing and repeats nothing."""
+    state = api_state(request)
+    who = bearer(request)
+    if who is None and token:
+        who = state.stream_tokens.verify(token, run_id)
+    if who is None:
+        raise unauthorized("a bearer token or a stream token for this run is required")
+    start = after or 0
+    if last_event_id is not None:
+        if not last_event_id.isdigit():
+            raise invalid("Last-Event-ID", "must be an event seq")
+        start = max(start, int(last_event_id))
+    await store.get(run_id, tenant_id=who.scope)  # a 404 before the stream starts
+    assert state.hub is not None
+    return StreamingResponse(_sse(state.hub, run_id, start, request),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _sse(hub: FeedHub, run_id: UUID, after: int, request: Request) -> AsyncIterator[str]:
+    metrics.SSE_STREAMS.inc()
+    try:
+        yield "retry: 1000\n\n"
+        async for item in hub.stream(run_id, after):
+            if isinstance(item, Event):
+                yield format_event(item)
+            elif isinstance(item, Keepalive):
+                yield ": keepalive\n\n"
+            elif isinstance(item, End):
+                yield format_end(item.run)
+                return
+            if api_state(request).stopping or await request.is_disconnected():
+                return
+    except RunNotFound:  # deleted by retention while followed
+        return
+    finally:
+        metrics.SSE_STREAMS.dec()
+
+
+def format_event(event: Event) -> str:
+    data = json.dumps({"seq": event.seq, "kind": event.kind, "data": event.data,
+                       "created_at": event.created_at.isoformat()})
+    return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n"
+
+
+def format_end(run: Run) -> str:
+    # No id: the end is not an event of the run; Last-Event-ID stays the last seq.
+    data: dict[str, Any] = {"status": run.status.value, "error_code": run.error_code,
+                            "attempts": run.attempts}
+    return f"event: end\ndata: {json.dumps(data)}\n\n"
+
+
+# -- operations (admin) ---------------------------------------------------------------------
+
+
+@router.get("/dead-letters", response_model=RunPage)
+async def dead_letters(who: Admin, store: Store, pool: PoolName = None, limit: Limit = 50,
+                       cursor: UUID | None = None) -> RunPage:
+    """Runs that ended dead, newest first (admin)."""
+    runs = await store.list_runs(pool=pool, status=RunStatus.DEAD, limit=limit, before=cursor)
+    return page(runs, limit, admin=True)
+
+
+@router.post("/runs/{run_id}/redrive", response_model=RunOut,
+             responses={409: {"model": ErrorBody, "description": "The run is not dead."}})
+async def redrive(run_id: UUID, who: Admin, store: Store) -> RunOut:
+    """Send a dead run back to pending with its attempts reset (admin)."""
+    return RunOut.of(await store.redrive(run_id), admin=True)
+
+
+@router.get("/pools", response_model=list[PoolOut])
+async def pools(who: Admin, store: Store) -> list[PoolOut]:
+    """Pools and their tenant limits (admin)."""
+    return [PoolOut.of(p, await store.tenant_limits(p.name)) for p in await store.list_pools()]
+
+
+@router.put("/pools/{pool_name}", response_model=PoolOut)
+async def put_pool(
+    pool_name: Annotated[str, Path(min_length=1, max_length=48, pattern=POOL_PATTERN)],
+    body: PoolIn, who: Admin, store: Store,
+) -> PoolOut:
+    """Create or update a pool; its tenant limits become exactly those given (admin)."""
+    async with store.connection() as conn, conn.transaction():
+        pool = await store.upsert_pool(Pool(pool_name, body.max_attempts, body.lease_s,
+                                            body.default_max_in_flight,
+                                            body.priority_aging_s), conn=conn)
+        await store.replace_tenant_limits(pool_name, body.tenant_limits, conn=conn)
+        limits = await store.tenant_limits(pool_name, conn=conn)
+    return PoolOut.of(pool, limits)

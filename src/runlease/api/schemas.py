@@ -1,0 +1,132 @@
+"""Request and response bodies, as the OpenAPI spec shows them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+
+from runlease.core import bounds
+from runlease.db.models import Pool, Run
+
+POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
+Status = Literal["pending", "leased", "done", "dead", "cancelled"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BudgetIn(Strict):
+    max_turns: StrictInt | None = Field(None, ge=1, le=100_000)
+    max_tool_calls: StrictInt | None = Field(None, ge=0, le=1_000_000)
+    deadline_s: StrictInt | StrictFloat | None = Field(None, gt=0, le=30 * 24 * 3600)
+
+
+class RunCreate(Strict):
+    """A run to enqueue. Admin callers name the tenant; tenants may not."""
+
+    input: dict[str, Any] = Field(description="The agent's input, a JSON object.")
+    pool: str = Field("default", min_length=1, max_length=bounds.POOL_MAX_CHARS,
+                      pattern=POOL_PATTERN)
+    priority: StrictInt = Field(0, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
+    max_attempts: StrictInt | None = Field(None, ge=bounds.MAX_ATTEMPTS_MIN,
+                                           le=bounds.MAX_ATTEMPTS_MAX)
+    budget: BudgetIn | None = None
+    tenant_id: str | None = Field(None, min_length=1, max_length=bounds.TENANT_MAX_CHARS,
+                                  description="Admin only: the tenant the run belongs to.")
+
+
+class LeaseInfo(BaseModel):
+    """Who holds the run: shown to admins only."""
+
+    locked_by: str
+    locked_until: datetime
+    lease_epoch: int
+
+
+class RunOut(BaseModel):
+    id: UUID
+    pool: str
+    tenant_id: str
+    status: Status
+    priority: int
+    attempts: int
+    max_attempts: int
+    input: dict[str, Any]
+    budget: dict[str, Any]
+    result: Any = None
+    error_code: str | None = None
+    error_message: str | None = None
+    idempotency_key: str | None = None
+    cancel_requested_at: datetime | None = None
+    available_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+    last_event_seq: int = Field(description="The seq of the run's latest event; 0 if none.")
+    lease: LeaseInfo | None = None
+
+    @classmethod
+    def of(cls, run: Run, *, admin: bool) -> RunOut:
+        lease = None
+        if admin and run.locked_by is not None and run.locked_until is not None:
+            lease = LeaseInfo(locked_by=run.locked_by, locked_until=run.locked_until,
+                              lease_epoch=run.lease_epoch)
+        return cls(
+            id=run.id, pool=run.pool, tenant_id=run.tenant_id, status=run.status.value,
+            priority=run.priority, attempts=run.attempts, max_attempts=run.max_attempts,
+            input=run.input_json, budget=run.budget_json, result=run.result_json,
+            error_code=run.error_code, error_message=run.error_message,
+            idempotency_key=run.idempotency_key, cancel_requested_at=run.cancel_requested_at,
+            available_at=run.available_at, created_at=run.created_at,
+            updated_at=run.updated_at, finished_at=run.finished_at,
+            last_event_seq=run.event_seq, lease=lease,
+        )
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
+
+
+class StreamToken(BaseModel):
+    token: str
+    expires_at: int = Field(description="Unix time after which the token is refused.")
+    url: str = Field(description="The run's event stream, with the token.")
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class PoolIn(Strict):
+    max_attempts: StrictInt = Field(3, ge=bounds.MAX_ATTEMPTS_MIN, le=bounds.MAX_ATTEMPTS_MAX)
+    lease_s: StrictInt = Field(45, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX)
+    default_max_in_flight: StrictInt | None = Field(None, ge=0, le=bounds.MAX_IN_FLIGHT_MAX)
+    priority_aging_s: StrictInt = Field(60, ge=0, le=bounds.AGING_S_MAX)
+    tenant_limits: dict[str, StrictInt] = Field(
+        default_factory=dict, description="Per-tenant caps on runs leased at once.")
+
+
+class PoolOut(BaseModel):
+    name: str
+    max_attempts: int
+    lease_s: int
+    default_max_in_flight: int | None
+    priority_aging_s: int
+    tenant_limits: dict[str, int]
+
+    @classmethod
+    def of(cls, pool: Pool, limits: dict[str, int]) -> PoolOut:
+        return cls(name=pool.name, max_attempts=pool.max_attempts, lease_s=pool.lease_s,
+                   default_max_in_flight=pool.default_max_in_flight,
+                   priority_aging_s=pool.priority_aging_s, tenant_limits=limits)

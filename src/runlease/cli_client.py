@@ -1,0 +1,269 @@
+"""`runlease runs|dead|pools ...`: the HTTP API from a terminal.
+
+Built on runlease.client: tables for humans (rich), `--json` for scripts.
+The API URL and token come from options or RUNLEASE_API_URL / RUNLEASE_TOKEN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from runlease.client import ApiError, Client, RunEnded, RunView, StreamEvent
+
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console()
+
+
+def api_options(command: F) -> F:
+    command = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON instead of a table.")(command)
+    command = click.option("--token", envvar="RUNLEASE_TOKEN", required=True,
+                           help="Bearer token [env: RUNLEASE_TOKEN].")(command)
+    return click.option("--api-url", envvar="RUNLEASE_API_URL",
+                        default="http://127.0.0.1:8080", show_default=True,
+                        help="[env: RUNLEASE_API_URL]")(command)
+
+
+@contextmanager
+def client(api_url: str, token: str) -> Iterator[Client]:
+    try:
+        with Client(api_url, token) as api:
+            yield api
+    except ApiError as exc:
+        where = f" ({exc.field})" if exc.field else ""
+        click.echo(f"error: {exc.status} {exc.code}{where}: {exc.message}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        click.echo(f"error: cannot reach {api_url}: {exc}", err=True)
+        sys.exit(1)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value if isinstance(value, str | int | float | bool | type(None)) else str(value)
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(_jsonable(value), indent=2))
+
+
+def runs_table(runs: list[RunView], title: str | None = None) -> Table:
+    table = Table(title=title)
+    for column in ("id", "tenant", "pool", "status", "attempts", "error", "created"):
+        table.add_column(column)
+    colors = {"done": "green", "dead": "red", "cancelled": "yellow", "leased": "cyan"}
+    for run in runs:
+        status = f"[{colors.get(run.status, 'white')}]{run.status}[/]"
+        table.add_row(str(run.id), run.tenant_id, run.pool, status,
+                      f"{run.attempts}/{run.max_attempts}", run.error_code or "",
+                      run.created_at.strftime("%H:%M:%S"))
+    return table
+
+
+@click.group()
+def runs() -> None:
+    """Submit, list, show, cancel and follow runs."""
+
+
+@runs.command("submit")
+@api_options
+@click.option("--input", "input_json", required=True,
+              help="The run input, a JSON object (or @file.json).")
+@click.option("--pool")
+@click.option("--priority", type=int)
+@click.option("--max-attempts", type=int)
+@click.option("--budget", help="A JSON object: max_turns, max_tool_calls, deadline_s.")
+@click.option("--idempotency-key")
+@click.option("--tenant", "tenant_id", help="Admin only: the run's tenant.")
+def submit(api_url: str, token: str, as_json: bool, input_json: str, pool: str | None,
+           priority: int | None, max_attempts: int | None, budget: str | None,
+           idempotency_key: str | None, tenant_id: str | None) -> None:
+    """Enqueue a run."""
+    if input_json.startswith("@"):
+        with open(input_json[1:]) as f:
+            input_json = f.read()
+    try:
+        payload = json.loads(input_json)
+        budget_obj = json.loads(budget) if budget else None
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+    with client(api_url, token) as api:
+        run = api.submit(payload, pool=pool, priority=priority, max_attempts=max_attempts,
+                         budget=budget_obj, idempotency_key=idempotency_key,
+                         tenant_id=tenant_id)
+    if as_json:
+        emit_json(run)
+    else:
+        console.print(f"{'submitted' if run.created else 'already submitted'}: {run.id} "
+                      f"({run.status})")
+
+
+@runs.command("list")
+@api_options
+@click.option("--status", type=click.Choice(["pending", "leased", "done", "dead", "cancelled"]))
+@click.option("--pool")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option("--cursor")
+def list_runs(api_url: str, token: str, as_json: bool, status: str | None, pool: str | None,
+              limit: int, cursor: str | None) -> None:
+    """Runs, newest first."""
+    with client(api_url, token) as api:
+        page = api.list(status=status, pool=pool, limit=limit, cursor=cursor)
+    if as_json:
+        emit_json(page)
+        return
+    console.print(runs_table(page.items))
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
+
+
+@runs.command("show")
+@api_options
+@click.argument("run_id")
+def show(api_url: str, token: str, as_json: bool, run_id: str) -> None:
+    """One run, in full."""
+    with client(api_url, token) as api:
+        run = api.get(run_id)
+    if as_json:
+        emit_json(run)
+        return
+    for key, value in _jsonable(run).items():
+        if key != "created":
+            shown = json.dumps(value) if isinstance(value, dict) else value
+            console.print(f"[bold]{key}[/]: {shown}")
+
+
+@runs.command("cancel")
+@api_options
+@click.argument("run_id")
+def cancel(api_url: str, token: str, as_json: bool, run_id: str) -> None:
+    """Stop a run (its tools too)."""
+    with client(api_url, token) as api:
+        run = api.cancel(run_id)
+    if as_json:
+        emit_json(run)
+    else:
+        state = "cancel requested" if run.status == "leased" else run.status
+        console.print(f"{run.id}: {state}")
+
+
+@runs.command("tail")
+@api_options
+@click.argument("run_id")
+@click.option("--after", default=0, show_default=True, help="Start after this event seq.")
+def tail(api_url: str, token: str, as_json: bool, run_id: str, after: int) -> None:
+    """Follow a run's events until it finishes; survives dropped connections."""
+    with client(api_url, token) as api:
+        for item in api.events(run_id, after=after):
+            if as_json:
+                click.echo(json.dumps(_jsonable(item)))
+            elif isinstance(item, StreamEvent):
+                console.print(f"[dim]{item.seq:>5}[/] [bold]{item.kind}[/] "
+                              f"{json.dumps(item.data)}")
+            elif isinstance(item, RunEnded):
+                console.print(f"[bold]end[/]: {item.status}"
+                              + (f" ({item.error_code})" if item.error_code else ""))
+
+
+@click.group()
+def dead() -> None:
+    """Dead letters (admin)."""
+
+
+@dead.command("list")
+@api_options
+@click.option("--pool")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option("--cursor")
+def dead_list(api_url: str, token: str, as_json: bool, pool: str | None, limit: int,
+              cursor: str | None) -> None:
+    """Runs that ended dead."""
+    with client(api_url, token) as api:
+        page = api.dead_letters(pool=pool, limit=limit, cursor=cursor)
+    if as_json:
+        emit_json(page)
+        return
+    console.print(runs_table(page.items, "dead letters"))
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
+
+
+@dead.command("redrive")
+@api_options
+@click.argument("run_ids", nargs=-1, required=True)
+def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...]) -> None:
+    """Send dead runs back to the queue, attempts reset."""
+    with client(api_url, token) as api:
+        done = [api.redrive(run_id) for run_id in run_ids]
+    if as_json:
+        emit_json(done)
+    else:
+        for run in done:
+            console.print(f"{run.id}: {run.status}")
+
+
+@click.group()
+def pools() -> None:
+    """Pools and tenant limits (admin)."""
+
+
+@pools.command("list")
+@api_options
+def pools_list(api_url: str, token: str, as_json: bool) -> None:
+    with client(api_url, token) as api:
+        items = api.pools()
+    if as_json:
+        emit_json(items)
+        return
+    table = Table()
+    for column in ("pool", "max attempts", "lease s", "default limit", "aging s", "limits"):
+        table.add_column(column)
+    for p in items:
+        limits = ", ".join(f"{t}={n}" for t, n in p["tenant_limits"].items())
+        table.add_row(p["name"], str(p["max_attempts"]), str(p["lease_s"]),
+                      str(p["default_max_in_flight"] or "-"), str(p["priority_aging_s"]),
+                      limits)
+    console.print(table)
+
+
+@pools.command("upsert")
+@api_options
+@click.argument("name")
+@click.option("--max-attempts", type=int, default=3, show_default=True)
+@click.option("--lease-s", type=int, default=45, show_default=True)
+@click.option("--default-max-in-flight", type=int, help="Per-tenant cap; none if unset.")
+@click.option("--priority-aging-s", type=int, default=60, show_default=True)
+@click.option("--limit", "limits", multiple=True, metavar="TENANT=N",
+              help="A tenant's cap (repeatable); tenants not named lose theirs.")
+def pools_upsert(api_url: str, token: str, as_json: bool, name: str, max_attempts: int,
+                 lease_s: int, default_max_in_flight: int | None, priority_aging_s: int,
+                 limits: tuple[str, ...]) -> None:
+    """Create or update a pool."""
+    tenant_limits: dict[str, int] = {}
+    for item in limits:
+        tenant, sep, n = item.partition("=")
+        if not sep or not n.isdigit():
+            raise click.BadParameter(f"{item!r}: expected TENANT=N", param_hint="--limit")
+        tenant_limits[tenant] = int(n)
+    with client(api_url, token) as api:
+        pool = api.upsert_pool(name, max_attempts=max_attempts, lease_s=lease_s,
+                               default_max_in_flight=default_max_in_flight,
+                               priority_aging_s=priority_aging_s, tenant_limits=tenant_limits)
+    if as_json:
+        emit_json(pool)
+    else:
+        console.print(f"pool {pool['name']}: saved")

