@@ -1,0 +1,168 @@
+"""`runlease dev` as a user starts it, driven by the `runlease` CLI, then
+stopped with SIGINT: a run served end to end, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from runlease.db.embedded import free_port
+from tests.support.proc import ROOT
+from tests.support.waiting import until_sync
+
+pytestmark = pytest.mark.slow
+
+TENANT_TOKEN = "acme-token-for-dev-0123"
+ADMIN_TOKEN = "admin-token-for-dev-0123"
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def postgres_pids(data_dir: Path) -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(data_dir) in cmdline and "postgres" in cmdline:
+                pids.add(int(entry.name))
+    return pids
+
+
+class Dev:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="runlease-dev-test-"))
+        self.dir.chmod(0o755)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = self.dir / "dev.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("DATABASE_URL", None)  # the embedded default, as on a fresh machine
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "runlease", "dev", "--data-dir", str(self.dir / "data"),
+                 "--port", str(self.port), "--workers", "1",
+                 "--token", f"acme={TENANT_TOKEN}", "--admin-token", ADMIN_TOKEN],
+                env=env, stdout=log, stderr=subprocess.STDOUT)
+        until_sync(self.ready, timeout_s=60, what="runlease dev to serve")
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def cli(self, *args: str, token: str = TENANT_TOKEN) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "RUNLEASE_API_URL": self.url, "RUNLEASE_TOKEN": token,
+               "PYTHONPATH": str(ROOT)}
+        return subprocess.run([sys.executable, "-m", "runlease", *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    def json(self, *args: str, token: str = TENANT_TOKEN) -> Any:
+        result = self.cli(*args, "--json", token=token)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def dev() -> Iterator[Dev]:
+    d = Dev()
+    d.start()
+    try:
+        yield d
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(10)
+        for pid in postgres_pids(d.dir):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> None:
+    assert "token      acme: " + TENANT_TOKEN in dev.log.read_text()
+    plan = json.dumps({"steps": [{"emit": {"text": "hi"}}, {"shell": ["echo", "ok"]}]})
+    run = dev.json("runs", "submit", "--input", plan, "--idempotency-key", "k1")
+    tail = dev.cli("runs", "tail", run["id"])
+    assert tail.returncode == 0, tail.stderr
+    assert "message" in tail.stdout
+    assert "end: done" in tail.stdout
+    shown = dev.json("runs", "show", run["id"])
+    assert (shown["status"], shown["result"]) == ("done", {"steps": 2})
+    assert dev.json("runs", "submit", "--input", plan, "--idempotency-key", "k1")["id"] == \
+        run["id"]
+    listed = dev.json("runs", "list")
+    assert [r["id"] for r in listed["items"]] == [run["id"]]
+
+    long = dev.json("runs", "submit", "--input",
+                    json.dumps({"steps": [{"shell": ["sleep", "300"]}]}))
+    until_sync(lambda: dev.json("runs", "show", long["id"])["status"] == "leased",
+               what="the long run to start")
+    assert dev.json("runs", "cancel", long["id"])["status"] == "leased"
+    until_sync(lambda: dev.json("runs", "show", long["id"])["status"] == "cancelled",
+               what="the cancel")
+
+    dead = dev.json("runs", "submit", "--input", json.dumps({"steps": [{"fail": "fatal"}]}))
+    until_sync(lambda: dev.json("runs", "show", dead["id"])["status"] == "dead")
+    letters = dev.json("dead", "list", token=ADMIN_TOKEN)
+    assert [r["id"] for r in letters["items"]] == [dead["id"]]
+    assert dev.cli("dead", "list").returncode == 1  # a tenant is not admin
+    assert dev.json("dead", "redrive", dead["id"], token=ADMIN_TOKEN)[0]["status"] == "pending"
+    pool = dev.json("pools", "upsert", "batch", "--limit", "acme=2", token=ADMIN_TOKEN)
+    assert pool["tenant_limits"] == {"acme": 2}
+    assert {p["name"] for p in dev.json("pools", "list", token=ADMIN_TOKEN)} == {"default",
+                                                                                  "batch"}
+    bad = dev.cli("runs", "submit", "--input", json.dumps({"x": 1}), "--priority", "500")
+    assert bad.returncode == 1
+    assert "priority" in bad.stderr
+
+    assert dev.proc is not None
+    children = descendants(dev.proc.pid)
+    servers = postgres_pids(dev.dir)
+    assert children
+    assert servers
+    started = time.monotonic()
+    dev.proc.send_signal(signal.SIGINT)
+    assert dev.proc.wait(60) == 0, dev.log.read_text()[-3000:]
+    print(f"runlease dev stopped {time.monotonic() - started:.1f} s after SIGINT")
+    until_sync(lambda: not any(alive(p) for p in children | servers), timeout_s=10,
+               what="every process of runlease dev to exit")
+    assert not postgres_pids(dev.dir)
