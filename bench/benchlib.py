@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +37,7 @@ def server(url: str | None, durable: bool = True) -> Iterator[str]:
         yield pg.url
     finally:
         pg.stop("immediate")
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def fresh_database(url: str, name: str) -> str:

@@ -39,6 +39,7 @@ async def test_schemathesis_finds_no_server_error_and_no_schema_violation(
             "--request-timeout", "10", "--workers", "1", "--no-color",
             "--report-dir", str(tmp_path),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            cwd=tmp_path,  # its cache goes there, not into the checkout
         )
         output, _ = await asyncio.wait_for(proc.communicate(), 240)
     text = output.decode(errors="replace")

@@ -113,7 +113,7 @@ async def agent(ctx: RunContext) -> dict[str, Any]:
         # Only now, with the message complete and committed, do tools run.
         for call in calls:
             key = f"tool-{call['id']}"
-            if ctx.has_step(key):
+            if await ctx.has_step(key):
                 # Replayed turns count against max_turns (begin_turn is outside
                 # the step); replayed tool calls must count the same way, or a
                 # run could exceed max_tool_calls across attempts.

@@ -88,7 +88,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 400 and "body" in str(exc.detail).lower():
         return error_response(422, "invalid_request", "body: not valid JSON", "body")
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+    return error_response(exc.status_code, code, str(exc.detail),
+                          headers=dict(exc.headers) if exc.headers else None)
 
 
 def install(app: FastAPI) -> None:

@@ -61,6 +61,31 @@ _ERROR_CODE_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One pool's queue: per tenant (pending, ready now, leased), dead by code."""
+
+    by_tenant: dict[str, tuple[int, int, int]]
+    dead_by_code: dict[str | None, int]
+    oldest_ready_s: float
+
+    @property
+    def pending(self) -> int:
+        return sum(p for p, _, _ in self.by_tenant.values())
+
+    @property
+    def ready(self) -> int:
+        return sum(r for _, r, _ in self.by_tenant.values())
+
+    @property
+    def leased(self) -> int:
+        return sum(n for _, _, n in self.by_tenant.values())
+
+    @property
+    def dead(self) -> int:
+        return sum(self.dead_by_code.values())
+
+
+@dataclass(frozen=True, slots=True)
 class NewRun:
     """One run to enqueue; `max_attempts` None takes the pool's default."""
 
@@ -380,7 +405,8 @@ class RunStore:
         )
         return {r["id"]: RunStatus(r["status"]) for r in rows}
 
-    async def finalize_cancel(self, lease: Lease, *, conn: Conn | None = None) -> None:
+    async def finalize_cancel(self, lease: Lease, *, conn: Conn | None = None) -> float:
+        """The run is cancelled; returns seconds since the cancel was requested."""
         rows = await self._rows(
             "run_finalize_cancel",
             {"id": lease.run_id, "epoch": lease.epoch, "worker": lease.worker},
@@ -388,6 +414,7 @@ class RunStore:
         )
         if not rows:
             raise LeaseLost(lease.run_id, lease.epoch)
+        return max(0.0, float(rows[0]["latency_s"]))
 
     async def record_events(
         self,
@@ -653,4 +680,28 @@ class RunStore:
     async def leader_get(self, name: str, *, conn: Conn | None = None) -> dict[str, Any] | None:
         rows = await self._rows("leader_get", {"name": name}, conn)
         return dict(rows[0]) if rows else None
+
+    # -- statistics (operator, metrics) ---------------------------------------
+
+    async def queue_stats(self, pool: str, *, conn: Conn | None = None) -> QueueStats:
+        tenants = await self._rows("pool_queue_stats", {"pool": pool}, conn)
+        dead = await self._rows("pool_dead_stats", {"pool": pool}, conn)
+        return QueueStats(
+            by_tenant={r["tenant_id"]: (int(r["pending"]), int(r["ready"]), int(r["leased"]))
+                       for r in tenants},
+            dead_by_code={r["error_code"]: int(r["n"]) for r in dead},
+            oldest_ready_s=max((float(r["oldest_ready_s"]) for r in tenants
+                                if r["oldest_ready_s"] is not None), default=0.0),
+        )
+
+    async def leases_by_holder(self, pool: str, *, conn: Conn | None = None) -> dict[str, int]:
+        """Leased runs per holder: the first part of locked_by (a pod's UID)."""
+        rows = await self._rows("pool_leases_by_holder", {"pool": pool}, conn)
+        return {r["holder"]: int(r["n"]) for r in rows}
+
+    async def lease_expiries(self, pool: str, window_s: float, *,
+                             conn: Conn | None = None) -> int:
+        rows = await self._rows("pool_lease_expiries", {"pool": pool, "window_s": window_s},
+                                conn)
+        return int(rows[0]["n"])
 

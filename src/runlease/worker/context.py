@@ -45,14 +45,17 @@ class RunContext:
         lease: Lease,
         store: RunStore,
         *,
-        steps: Mapping[str, Step],
+        steps: Mapping[str, Step] | None = None,
         cancel: asyncio.Event,
         tools: ToolRunner,
         started: float | None = None,
     ) -> None:
         self.lease = lease
         self.store = store
-        self._steps = dict(steps)
+        # Loaded on the first step(); a first lease (epoch 1) has none to load:
+        # nothing ran before it. (A release or redrive keeps the epoch growing.)
+        self._steps: dict[str, Step] | None = (
+            dict(steps) if steps is not None else ({} if lease.epoch == 1 else None))
         self._cancel = cancel
         self._tools = tools
         self._started = time.monotonic() if started is None else started
@@ -197,19 +200,24 @@ class RunContext:
         The result must be JSON. What is returned is what was stored (redacted,
         as JSON gives it back), on the first run as on a replay, so an agent
         cannot behave differently the second time."""
-        if key in self._steps:
-            cached: T = self._steps[key].result
+        steps = await self._load_steps()
+        if key in steps:
+            cached: T = steps[key].result
             return cached
         await self.check()
         result = await fn()
         await self.flush()
         stored = await self._write(lambda: self.store.record_step(self.lease, key, result))
-        self._steps[key] = Step(self.run_id, key, stored, self.lease.epoch, self.attempt,
-                                _now())
+        steps[key] = Step(self.run_id, key, stored, self.lease.epoch, self.attempt, _now())
         return stored  # type: ignore[no-any-return]
 
-    def has_step(self, key: str) -> bool:
-        return key in self._steps
+    async def has_step(self, key: str) -> bool:
+        return key in await self._load_steps()
+
+    async def _load_steps(self) -> dict[str, Step]:
+        if self._steps is None:
+            self._steps = await self._write(lambda: self.store.get_steps(self.run_id))
+        return self._steps
 
     # -- tools ----------------------------------------------------------------------
 

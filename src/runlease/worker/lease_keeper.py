@@ -136,6 +136,8 @@ class LeaseKeeper(Service):
             held[run_id].renewed(sent)
         for run_id in result.lost:
             handle = held[run_id]
+            if handle.closing:
+                continue  # its ack (or nack...) committed first: nothing was lost
             metrics.LEASES_LOST.labels(self.pool).inc()
             log.error("lease_lost run_id=%s epoch=%s", run_id, handle.lease.epoch)
             self.on_lost(handle, StopReason.LEASE_LOST)

@@ -76,7 +76,12 @@ class RunHandle:
         self.cancel_requested_at: float | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = asyncio.Event()
-        self.lost = asyncio.Event()  # lease lost or self-fenced: hands off the run now
+        # Resolved when the lease is lost or self-fenced: whatever waits on the
+        # run stops waiting. A future, not an Event, so racing it costs no task.
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Set once the final write (ack, nack...) is under way: a renewal that
+        # finds no row then means that write committed, not that the lease was lost.
+        self.closing = False
         self._killing: asyncio.Task[None] | None = None
 
     @property
@@ -117,7 +122,8 @@ class RunHandle:
             # Kill the tools now, not when the agent's task gets round to it:
             # the task may be stuck on a dead socket.
             self.tools.hard = True
-            self.lost.set()
+            if not self.lost.done():
+                self.lost.set_result(None)
             self._killing = asyncio.ensure_future(self.tools.kill_all())
         log.log(logging.WARNING if reason != StopReason.DRAIN else logging.INFO,
                 "run_stopping run_id=%s reason=%s", self.run_id, reason.value)
@@ -158,8 +164,8 @@ class Runner:
             await handle.tools.kill_all()
             if handle._killing is not None:
                 await handle._killing
-            metrics.RUNS_FINISHED.labels(run.pool, outcome).inc()
-            metrics.RUN_DURATION.labels(run.pool, outcome).observe(
+            metrics.child(metrics.RUNS_FINISHED, run.pool, outcome).inc()
+            metrics.child(metrics.RUN_DURATION, run.pool, outcome).observe(
                 time.monotonic() - handle.claimed_at)
             log.info("run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
                      run.tenant_id, run.attempts, outcome)
@@ -173,9 +179,8 @@ class Runner:
 
     async def _execute(self, handle: RunHandle) -> str:
         lease = handle.lease
-        steps = await self._retry(handle, lambda: self.store.get_steps(lease.run_id))
-        ctx = RunContext(lease, self.store, steps=steps, cancel=handle.cancel,
-                         tools=handle.tools, started=handle.claimed_at)
+        ctx = RunContext(lease, self.store, cancel=handle.cancel, tools=handle.tools,
+                         started=handle.claimed_at)
         deadline = None
         if ctx.budget.deadline_s is not None:
             deadline = asyncio.get_running_loop().call_later(
@@ -209,11 +214,7 @@ class Runner:
         """Await task, unless the lease is lost first: then give it grace_s to
         wind down and abandon it (a write stuck on a dead socket must not hold
         the slot), raising LeaseLost."""
-        lost = asyncio.ensure_future(handle.lost.wait())
-        try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
+        await asyncio.wait({task, handle.lost}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=grace_s)
@@ -230,6 +231,7 @@ class Runner:
     async def _finish(self, handle: RunHandle, result: Any, error: BaseException | None) -> str:
         lease = handle.lease
         reason = handle.reason
+        handle.closing = True
         if isinstance(error, LeaseLost) or not handle.writes_allowed:
             return self._lost(handle)
         if reason == StopReason.DRAIN:
@@ -239,10 +241,8 @@ class Runner:
                 return self._lost(handle)
             return "released"
         if reason == StopReason.CANCEL or isinstance(error, RunCancelled):
-            await self._retry(handle, lambda: self.store.finalize_cancel(lease))
-            if handle.cancel_requested_at is not None:
-                metrics.CANCEL_LATENCY.labels(handle.pool).observe(
-                    time.monotonic() - handle.cancel_requested_at)
+            latency = await self._retry(handle, lambda: self.store.finalize_cancel(lease))
+            metrics.CANCEL_LATENCY.labels(handle.pool).observe(latency)
             return "cancelled"
         if reason == StopReason.DEADLINE or isinstance(error, BudgetExceeded):
             message = str(error) if error else "deadline exceeded"

@@ -224,7 +224,7 @@ class Worker:
                 delay = min(5.0, delay * 2)
                 continue
             delay = 0.1
-            metrics.CLAIM_LATENCY.labels(s.pool).observe(time.monotonic() - sent)
+            metrics.child(metrics.CLAIM_LATENCY, s.pool).observe(time.monotonic() - sent)
             if self.draining:  # claimed while the drain began: hand them back at once
                 await self.store.release(self.identity, [(x.run_id, x.epoch) for x in leases])
                 break
@@ -239,8 +239,8 @@ class Worker:
                            margin_s=s.margin_s, cancel_grace_s=s.cancel_grace_s,
                            kill_grace_s=s.tool_kill_grace_s)
         self.runs[lease.run_id] = handle
-        metrics.RUNS_CLAIMED.labels(s.pool).inc()
-        metrics.RUNS_IN_FLIGHT.labels(s.pool, lease.run.tenant_id).inc()
+        metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
+        metrics.child(metrics.RUNS_IN_FLIGHT, s.pool, lease.run.tenant_id).inc()
         log.info("run_claimed run_id=%s tenant=%s attempt=%s epoch=%s", lease.run_id,
                  lease.run.tenant_id, lease.run.attempts, lease.epoch)
         if lease.run.cancel_requested_at is not None:
@@ -255,7 +255,8 @@ class Worker:
             await self.runner.execute(handle)
         finally:
             self.runs.pop(handle.run_id, None)
-            metrics.RUNS_IN_FLIGHT.labels(self.settings.pool, handle.lease.run.tenant_id).dec()
+            metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool,
+                          handle.lease.run.tenant_id).dec()
             self._slot_freed.set()
             self._wake.set()
 

@@ -268,14 +268,16 @@ WITH clock AS (
        AND r.locked_by = %(worker)s
        AND r.status = 'leased'
        AND r.cancel_requested_at IS NOT NULL
-    RETURNING r.id, r.event_seq, r.attempts
+    RETURNING r.id, r.event_seq, r.attempts, r.cancel_requested_at
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
     SELECT upd.id, upd.event_seq, 'run.cancelled', jsonb_build_object('attempt', upd.attempts),
            clock.ts
       FROM upd, clock
 )
-SELECT id FROM upd;
+-- The Stop's whole latency, by the database clock: request to cancelled.
+SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
+  FROM upd, clock;
 
 
 -- name: run_reap

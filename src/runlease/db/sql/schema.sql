@@ -132,6 +132,11 @@ CREATE TABLE agent_run_events (
     PRIMARY KEY (run_id, seq)
 );
 
+-- The operator's lease-health condition counts recent lease expiries.
+CREATE INDEX agent_run_events_lease_expired_idx
+    ON agent_run_events (created_at)
+    WHERE kind = 'run.lease_expired';
+
 -- Durable step results: a step committed by any attempt is not run again.
 CREATE TABLE agent_run_steps (
     run_id      uuid        NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,

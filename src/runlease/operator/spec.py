@@ -1,0 +1,179 @@
+"""An AgentRunPool's spec, read and checked: the operator's one view of it.
+
+The CRD's schema and CEL rules reject most bad specs at the API server; this
+checks them again (an older API server may not run CEL, and KMock runs
+nothing) and fills the defaults, so builders get a complete, typed spec.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runlease.core import bounds
+from runlease.errors import ValidationError
+
+AGENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+MAX_NAME_CHARS = 50
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be acted on; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    namespace: str
+    pool: str
+    image: str
+    agent: str
+    database_secret: str
+    database_key: str = "url"
+    image_pull_policy: str = "IfNotPresent"
+    concurrency_per_worker: int = 10
+    replicas_min: int = 1
+    replicas_max: int = 10
+    autoscaling: bool = True
+    target_runs_per_worker: float = 1.0
+    scale_down_delay_s: int = 300
+    lease_s: int = 45
+    heartbeat_s: float = 15.0
+    max_attempts: int = 3
+    priority_aging_s: int = 60
+    default_max_in_flight: int | None = None
+    tenant_overrides: dict[str, int] = field(default_factory=dict)
+    drain_grace_s: int = 25
+    termination_grace_s: int = 60
+    metrics_port: int = 9464
+    resources: dict[str, Any] = field(default_factory=dict)
+    env: list[dict[str, Any]] = field(default_factory=list)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    service_account_name: str | None = None
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    pod_labels: dict[str, str] = field(default_factory=dict)
+
+
+def _int(spec: Mapping[str, Any], path: str, default: int, lo: int, hi: int) -> int:
+    value: Any = spec
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise InvalidSpec(f"spec.{path} must be an integer from {lo} to {hi}, got {value!r}")
+    return value
+
+
+def _num(spec: Mapping[str, Any], path: str, default: float, lo: float, hi: float) -> float:
+    value: Any = spec
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise InvalidSpec(f"spec.{path} must be a number from {lo} to {hi}, got {value!r}")
+    return float(value)
+
+
+def _mapping(spec: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = spec.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"spec.{key} must be an object")
+    return dict(value)
+
+
+def _list(spec: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    value = spec.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise InvalidSpec(f"spec.{key} must be a list of objects")
+    return [dict(v) for v in value]
+
+
+def _strings(spec: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = _mapping(spec, key)
+    if not all(isinstance(v, str) for v in value.values()):
+        raise InvalidSpec(f"spec.{key} values must be strings")
+    return value
+
+
+def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
+    """The spec of AgentRunPool `name`, checked, defaults filled."""
+    if len(name) > MAX_NAME_CHARS:
+        # Its name becomes label values (at most 63) and "<name>-metrics".
+        raise InvalidSpec(f"metadata.name must be at most {MAX_NAME_CHARS} characters")
+    image = spec.get("image")
+    if not isinstance(image, str) or not image:
+        raise InvalidSpec("spec.image is required")
+    agent = spec.get("agent")
+    if not isinstance(agent, str) or not AGENT_RE.match(agent):
+        raise InvalidSpec(f"spec.agent must look like module:callable, got {agent!r}")
+    pool = spec.get("pool") or name
+    try:
+        bounds.check_pool(pool)
+    except ValidationError as exc:
+        where = "spec.pool" if spec.get("pool") else "metadata.name (the default pool name)"
+        raise InvalidSpec(f"{where}: {exc.message}") from None
+    secret = _mapping(_mapping(spec, "database"), "secretKeyRef")
+    if not isinstance(secret.get("name"), str) or not secret["name"]:
+        raise InvalidSpec("spec.database.secretKeyRef.name is required")
+    policy = spec.get("imagePullPolicy", "IfNotPresent")
+    if policy not in PULL_POLICIES:
+        raise InvalidSpec(f"spec.imagePullPolicy must be one of {', '.join(PULL_POLICIES)}")
+    overrides: dict[str, int] = {}
+    for item in _list(_mapping(spec, "tenants"), "overrides"):
+        tenant, limit = item.get("tenant"), item.get("maxInFlight")
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidSpec("spec.tenants.overrides[].tenant is required")
+        if tenant in overrides:
+            raise InvalidSpec(f"spec.tenants.overrides names tenant {tenant!r} twice")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidSpec(f"spec.tenants.overrides[{tenant}].maxInFlight must be >= 0")
+        overrides[tenant] = limit
+    tenants = _mapping(spec, "tenants")
+    default_limit = tenants.get("defaultMaxInFlight")
+    if default_limit is not None and (isinstance(default_limit, bool)
+                                      or not isinstance(default_limit, int) or default_limit < 0):
+        raise InvalidSpec("spec.tenants.defaultMaxInFlight must be an integer >= 0")
+    parsed = PoolSpec(
+        name=name, namespace=namespace, pool=pool, image=image, agent=agent,
+        database_secret=secret["name"], database_key=str(secret.get("key") or "url"),
+        image_pull_policy=policy,
+        concurrency_per_worker=_int(spec, "concurrencyPerWorker", 10, 1, 1000),
+        replicas_min=_int(spec, "replicas.min", 1, 0, 1000),
+        replicas_max=_int(spec, "replicas.max", 10, 1, 1000),
+        autoscaling=bool(_mapping(spec, "autoscaling").get("enabled", True)),
+        target_runs_per_worker=_num(spec, "autoscaling.targetRunsPerWorker", 1.0, 0.01, 1.0),
+        scale_down_delay_s=_int(spec, "autoscaling.scaleDownDelaySeconds", 300, 0, 86_400),
+        lease_s=_int(spec, "lease.durationSeconds", 45, 2, 3600),
+        heartbeat_s=_num(spec, "lease.heartbeatSeconds", 15.0, 0.1, 1800),
+        max_attempts=_int(spec, "maxAttempts", 3, 1, 100),
+        priority_aging_s=_int(spec, "priorityAgingSeconds", 60, 0, bounds.AGING_S_MAX),
+        default_max_in_flight=default_limit,
+        tenant_overrides=overrides,
+        drain_grace_s=_int(spec, "drainGraceSeconds", 25, 0, 3600),
+        termination_grace_s=_int(spec, "terminationGracePeriodSeconds", 60, 1, 7200),
+        metrics_port=_int(spec, "metricsPort", 9464, 1, 65535),
+        resources=_mapping(spec, "resources"),
+        env=_list(spec, "env"),
+        node_selector=_strings(spec, "nodeSelector"),
+        tolerations=_list(spec, "tolerations"),
+        affinity=_mapping(spec, "affinity"),
+        service_account_name=spec.get("serviceAccountName") or None,
+        pod_annotations=_strings(spec, "podAnnotations"),
+        pod_labels=_strings(spec, "podLabels"),
+    )
+    if parsed.replicas_min > parsed.replicas_max:
+        raise InvalidSpec("spec.replicas.min must not exceed spec.replicas.max")
+    if parsed.heartbeat_s * 2 >= parsed.lease_s:
+        raise InvalidSpec("spec.lease.heartbeatSeconds must be below half of "
+                          "spec.lease.durationSeconds")
+    if parsed.termination_grace_s <= parsed.drain_grace_s + 5:
+        raise InvalidSpec("spec.terminationGracePeriodSeconds must exceed "
+                          "spec.drainGraceSeconds by more than 5")
+    return parsed
