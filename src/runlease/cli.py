@@ -15,7 +15,13 @@ from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate as apply_migrations
 from runlease.db.migrate import pending
 from runlease.errors import RunleaseError
-from runlease.settings import ApiSettings, WorkerSettings, click_options, load
+from runlease.settings import (
+    ApiSettings,
+    OperatorSettings,
+    WorkerSettings,
+    click_options,
+    load,
+)
 
 DATA_DIR_DEFAULT = ".runlease"
 
@@ -124,6 +130,16 @@ def api(**options: object) -> None:
     settings = load(ApiSettings, options)
     server = ApiServer(create_app(settings), settings.host, settings.port)
     asyncio.run(server.serve())
+
+
+@main.command()
+@click_options(OperatorSettings)
+def operator(**options: object) -> None:
+    """Run the Kubernetes operator: AgentRunPools -> worker Deployments; hosts the
+    reaper. Every option is also a RUNLEASE_* environment variable."""
+    from runlease.operator.main import run as run_operator
+
+    run_operator(load(OperatorSettings, options))
 
 
 def _client_commands() -> None:

@@ -77,3 +77,22 @@ API_LATENCY = Histogram("runlease_api_request_duration_seconds",
 RUNS_SUBMITTED = Counter("runlease_runs_submitted_total", "Runs enqueued through the API.",
                          ["pool"])
 SSE_STREAMS = Gauge("runlease_sse_streams", "Event streams open now.")
+
+# -- operator ------------------------------------------------------------------------
+QUEUE_RUNS = Gauge("runlease_queue_runs",
+                   "Runs in the queue by pool, tenant and status (pending, ready, leased).",
+                   ["pool", "tenant", "status"])
+DEAD_RUNS = Gauge("runlease_dead_runs", "Dead runs (dead letters) by pool and error code.",
+                  ["pool", "error_code"])
+OLDEST_PENDING = Gauge("runlease_oldest_pending_seconds",
+                       "How long the oldest run ready to claim has waited.", ["pool"])
+LEASE_EXPIRIES = Gauge("runlease_lease_expiries_recent",
+                       "Leases that expired in the operator's lease-health window.", ["pool"])
+DESIRED_REPLICAS = Gauge("runlease_pool_desired_replicas",
+                         "Worker replicas the autoscaler wants.", ["namespace", "pool"])
+POOL_REPLICAS = Gauge("runlease_pool_replicas", "Worker replicas, and ready ones.",
+                      ["namespace", "pool", "state"])
+RECONCILE_ERRORS = Counter("runlease_operator_reconcile_errors_total",
+                           "Failed reconciles of an AgentRunPool, by reason.", ["reason"])
+SCALE_CHANGES = Counter("runlease_operator_scale_changes_total",
+                        "Replica changes made by the autoscaler.", ["direction"])

@@ -327,3 +327,47 @@ class ApiSettings:
         if self.max_input_bytes > self.max_request_bytes:
             raise SettingsError(f"{_describe('max_input_bytes')} must not exceed "
                                 "max_request_bytes")
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """`runlease operator`: AgentRunPools -> workers; hosts the reaper too."""
+
+    database_url: str | None = setting(
+        None, "PostgreSQL URL the operator's reaper serves; pools name their own database "
+              "through a Secret.", env=("DATABASE_URL",))
+    namespaces: tuple[str, ...] = setting(
+        (), "Namespaces to watch (comma-separated); see --all-namespaces.")
+    all_namespaces: bool = setting(False, "Watch every namespace (cluster-wide).", flag=True)
+    standalone: bool = setting(
+        False, "Run without kopf peering (a single replica, or tests). With peering, "
+               "replicas elect one active operator by priority; the others stand by.",
+        flag=True)
+    peering_name: str = setting("runlease", "The kopf peering object replicas share.")
+    priority: int | None = setting(
+        None, "This replica's peering priority; random when unset, so replicas differ.",
+        minimum=0, maximum=2**31 - 1)
+    interval_s: float = setting(10.0, "Seconds between a pool's status, drift and "
+                                      "autoscaling passes.", minimum=0.1, maximum=3600)
+    lease_window_s: float = setting(300.0, "The window of the lease-health condition: "
+                                           "expiries in the last this many seconds.",
+                                    minimum=1)
+    reaper: bool = setting(True, "Take part in the reaper's leader election.", flag=True)
+    reaper_interval_s: float = setting(5.0, "Seconds between reaper passes of the leader.",
+                                       minimum=0.05)
+    leader_ttl_s: float = setting(15.0, "Leadership lapses this long after the last "
+                                        "renewal.", minimum=0.3)
+    retention_s: int = setting(7 * 24 * 3600, "Finished runs older than this are deleted; "
+                                              "0 keeps them.", minimum=0)
+    metrics_port: int = setting(9465, "Port of /metrics, /healthz and /readyz; 0 turns it "
+                                      "off.", minimum=0, maximum=65535)
+    metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")
+    log_json: bool = setting(False, "Log one JSON object per line.", flag=True)
+
+    def check(self) -> None:
+        if self.all_namespaces and self.namespaces:
+            raise SettingsError(f"{_describe('namespaces')} and --all-namespaces exclude "
+                                "each other")
+        if not self.all_namespaces and not self.namespaces:
+            raise SettingsError(f"name the namespaces to watch ({_describe('namespaces')}) "
+                                "or pass --all-namespaces")

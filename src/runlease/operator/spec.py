@@ -125,21 +125,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     policy = spec.get("imagePullPolicy", "IfNotPresent")
     if policy not in PULL_POLICIES:
         raise InvalidSpec(f"spec.imagePullPolicy must be one of {', '.join(PULL_POLICIES)}")
-    overrides: dict[str, int] = {}
-    for item in _list(_mapping(spec, "tenants"), "overrides"):
-        tenant, limit = item.get("tenant"), item.get("maxInFlight")
-        if not isinstance(tenant, str) or not tenant:
-            raise InvalidSpec("spec.tenants.overrides[].tenant is required")
-        if tenant in overrides:
-            raise InvalidSpec(f"spec.tenants.overrides names tenant {tenant!r} twice")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InvalidSpec(f"spec.tenants.overrides[{tenant}].maxInFlight must be >= 0")
-        overrides[tenant] = limit
-    tenants = _mapping(spec, "tenants")
-    default_limit = tenants.get("defaultMaxInFlight")
-    if default_limit is not None and (isinstance(default_limit, bool)
-                                      or not isinstance(default_limit, int) or default_limit < 0):
-        raise InvalidSpec("spec.tenants.defaultMaxInFlight must be an integer >= 0")
+    default_limit = _optional_int(spec, "tenants.defaultMaxInFlight")
     parsed = PoolSpec(
         name=name, namespace=namespace, pool=pool, image=image, agent=agent,
         database_secret=secret["name"], database_key=str(secret.get("key") or "url"),
@@ -155,7 +141,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         max_attempts=_int(spec, "maxAttempts", 3, 1, 100),
         priority_aging_s=_int(spec, "priorityAgingSeconds", 60, 0, bounds.AGING_S_MAX),
         default_max_in_flight=default_limit,
-        tenant_overrides=overrides,
+        tenant_overrides=_overrides(spec),
         drain_grace_s=_int(spec, "drainGraceSeconds", 25, 0, 3600),
         termination_grace_s=_int(spec, "terminationGracePeriodSeconds", 60, 1, 7200),
         metrics_port=_int(spec, "metricsPort", 9464, 1, 65535),
@@ -168,6 +154,34 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         pod_annotations=_strings(spec, "podAnnotations"),
         pod_labels=_strings(spec, "podLabels"),
     )
+    _check_relations(parsed)
+    return parsed
+
+
+def _overrides(spec: Mapping[str, Any]) -> dict[str, int]:
+    overrides: dict[str, int] = {}
+    for item in _list(_mapping(spec, "tenants"), "overrides"):
+        tenant, limit = item.get("tenant"), item.get("maxInFlight")
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidSpec("spec.tenants.overrides[].tenant is required")
+        if tenant in overrides:
+            raise InvalidSpec(f"spec.tenants.overrides names tenant {tenant!r} twice")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InvalidSpec(f"spec.tenants.overrides[{tenant}].maxInFlight must be >= 0")
+        overrides[tenant] = limit
+    return overrides
+
+
+def _optional_int(spec: Mapping[str, Any], path: str) -> int | None:
+    value: Any = spec
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if value is None:
+        return None
+    return _int(spec, path, 0, 0, 1_000_000)
+
+
+def _check_relations(parsed: PoolSpec) -> None:
     if parsed.replicas_min > parsed.replicas_max:
         raise InvalidSpec("spec.replicas.min must not exceed spec.replicas.max")
     if parsed.heartbeat_s * 2 >= parsed.lease_s:
@@ -176,4 +190,3 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     if parsed.termination_grace_s <= parsed.drain_grace_s + 5:
         raise InvalidSpec("spec.terminationGracePeriodSeconds must exceed "
                           "spec.drainGraceSeconds by more than 5")
-    return parsed

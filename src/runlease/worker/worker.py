@@ -33,13 +33,13 @@ from runlease.db.models import Lease
 from runlease.db.store import RunStore
 from runlease.errors import LeaseLost, RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
+from runlease.services.identity import worker_id
 from runlease.services.leader import LeaderElector
 from runlease.services.listener import Listener
 from runlease.services.loop import jittered, sleep
 from runlease.services.reaper import Reaper
 from runlease.settings import WorkerSettings, import_object
 from runlease.worker.acker import Acker
-from runlease.worker.identity import worker_id
 from runlease.worker.lease_keeper import LeaseKeeper
 from runlease.worker.runner import Agent, RunHandle, Runner, StopReason
 

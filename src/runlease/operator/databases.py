@@ -1,0 +1,83 @@
+"""The databases the operator talks to: its own, and those pools name.
+
+A pool's Secret holds its database URL. The operator keeps one connection
+pool (and, when it hosts the reaper, one leader election and reaper) per
+distinct URL, so ten pools on one database share one of each.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass
+
+from runlease.db.connect import make_pool
+from runlease.db.store import RunStore
+from runlease.operator.k8s import Kubernetes
+from runlease.operator.spec import InvalidSpec, PoolSpec
+from runlease.services.leader import LeaderElector
+from runlease.services.reaper import Reaper
+from runlease.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Database:
+    store: RunStore
+    elector: LeaderElector | None
+    reaper: Reaper | None
+
+
+class Databases:
+    def __init__(self, settings: OperatorSettings, identity: str) -> None:
+        self.settings = settings
+        self.identity = identity
+        self._by_url: dict[str, Database] = {}
+
+    async def start(self) -> None:
+        if self.settings.database_url:
+            await self.for_url(self.settings.database_url)
+
+    async def for_url(self, url: str) -> Database:
+        found = self._by_url.get(url)
+        if found is not None:
+            return found
+        pool = make_pool(url, min_size=1, max_size=5, application_name="runlease-operator")
+        await pool.open(wait=False)
+        store = RunStore(pool)
+        s = self.settings
+        elector = reaper = None
+        if s.reaper:
+            elector = LeaderElector(store, self.identity, ttl_s=s.leader_ttl_s)
+            reaper = Reaper(store, elector, interval_s=s.reaper_interval_s,
+                            retention_s=s.retention_s)
+            elector.start()
+            reaper.start()
+        db = self._by_url[url] = Database(store, elector, reaper)
+        log.info("database_added reaper=%s", bool(reaper))
+        return db
+
+    async def for_pool(self, k8s: Kubernetes, spec: PoolSpec) -> Database:
+        secret = await k8s.get(f"/api/v1/namespaces/{spec.namespace}/secrets/"
+                               f"{spec.database_secret}")
+        if secret is None:
+            raise InvalidSpec(f"spec.database.secretKeyRef: no Secret {spec.database_secret!r} "
+                              f"in {spec.namespace}")
+        encoded = (secret.get("data") or {}).get(spec.database_key)
+        if not encoded:
+            raise InvalidSpec(f"spec.database.secretKeyRef: Secret {spec.database_secret!r} "
+                              f"has no key {spec.database_key!r}")
+        return await self.for_url(base64.b64decode(encoded).decode())
+
+    @property
+    def leader(self) -> bool:
+        return any(d.elector is not None and d.elector.is_leader for d in self._by_url.values())
+
+    async def close(self) -> None:
+        for db in self._by_url.values():
+            for service in (db.reaper, db.elector):
+                if service is not None:
+                    await service.stop(2)
+            await db.store.pool.close()
+        self._by_url.clear()

@@ -1,0 +1,263 @@
+"""kopf handlers: thin. They read the AgentRunPool, call the pure builders and
+the autoscaler, apply what those return, and write status.
+
+    create / update / resume   pool row and tenant limits in the database;
+                               Deployment, Service and PDB applied (patch,
+                               never replace); a bad spec is a PermanentError
+                               shown in status and as an Event
+    timer                      queue statistics -> replicas (up at once, down
+                               after the delay, pods annotated with their
+                               deletion cost first), drift repaired by
+                               re-applying, status and metrics
+    Deployment DELETED         put back at once
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import aiohttp
+import kopf
+
+from runlease import metrics
+from runlease.db.models import Pool
+from runlease.errors import RunleaseError
+from runlease.operator import build
+from runlease.operator import status as st
+from runlease.operator.autoscale import decide, wanted
+from runlease.operator.databases import Database, Databases
+from runlease.operator.k8s import ApiError, Kubernetes
+from runlease.operator.spec import InvalidSpec, PoolSpec, parse
+from runlease.services.http import ProbeServer
+from runlease.services.identity import boot_id
+from runlease.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+PLURAL = "agentrunpools"
+TICK_S = 0.5  # the timer's own pace; each pool's pass runs every settings.interval_s
+TRANSIENT = (ApiError, RunleaseError, aiohttp.ClientError, TimeoutError)
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def credentials(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo | None:
+    # KUBECONFIG is read now, not at import time (as kubernetes.config does).
+    info: kopf.ConnectionInfo | None = (
+        kopf.login_with_service_account(settings=settings, logger=logger)
+        or kopf.login_with_kubeconfig(settings=settings, logger=logger))
+    return info
+
+
+@kopf.on.login()
+def login(settings: kopf.OperatorSettings, logger: Any,
+          **_: Any) -> kopf.ConnectionInfo | None:
+    return credentials(settings, logger)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
+                  **_: Any) -> None:
+    config: OperatorSettings = memo.config
+    # Handler progress in annotations: the CRD's structural schema would prune
+    # kopf's default status.kopf fields.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="runlease.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="runlease.dev", key="last-handled-configuration")
+    settings.posting.level = logging.INFO
+    info = credentials(settings, logger)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials (service account or KUBECONFIG)")
+    memo.k8s = Kubernetes(info)
+    who = os.environ.get("POD_NAME") or socket.gethostname()
+    memo.dbs = Databases(config, f"operator-{who}:{boot_id()}:{os.getpid()}")
+    await memo.dbs.start()
+    memo.low_since = {}
+    memo.last_pass = {}
+    memo.probes = None
+    if config.metrics_port:
+        memo.probes = ProbeServer(config.metrics_host, config.metrics_port,
+                                  health=lambda: (True, "ok"),
+                                  ready=lambda: (True, "ok"))
+        await memo.probes.start()
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if getattr(memo, "probes", None) is not None:
+        await memo.probes.stop()
+    if getattr(memo, "dbs", None) is not None:
+        await memo.dbs.close()
+    if getattr(memo, "k8s", None) is not None:
+        await memo.k8s.close()
+
+
+async def apply_pool(body: dict[str, Any], memo: kopf.Memo,
+                     replicas: int | None = None) -> tuple[PoolSpec, Database]:
+    """Database rows, then manifests. Raises InvalidSpec for a bad spec."""
+    meta = body["metadata"]
+    spec = parse(meta["name"], meta["namespace"], body.get("spec") or {})
+    db = await memo.dbs.for_pool(memo.k8s, spec)
+    async with db.store.connection() as conn, conn.transaction():
+        await db.store.upsert_pool(Pool(spec.pool, spec.max_attempts, spec.lease_s,
+                                        spec.default_max_in_flight, spec.priority_aging_s),
+                                   conn=conn)
+        await db.store.replace_tenant_limits(spec.pool, spec.tenant_overrides, conn=conn)
+    if replicas is None:
+        existing = await memo.k8s.deployment(spec.namespace, build.names(spec)["deployment"])
+        if existing is not None:
+            replicas = int(existing.get("spec", {}).get("replicas") or 0)
+        else:
+            stats = await db.store.queue_stats(spec.pool)
+            replicas = wanted(spec, stats.ready + stats.leased)
+    for manifest in build.build_all(spec, body, replicas):
+        await memo.k8s.apply(manifest)
+    return spec, db
+
+
+@kopf.on.resume(build.GROUP, build.VERSION, PLURAL)
+@kopf.on.create(build.GROUP, build.VERSION, PLURAL)
+@kopf.on.update(build.GROUP, build.VERSION, PLURAL)
+async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo,
+                    **_: Any) -> None:
+    generation = meta.get("generation")
+    try:
+        spec, _db = await apply_pool(dict(body), memo)
+    except InvalidSpec as exc:
+        metrics.RECONCILE_ERRORS.labels("invalid_spec").inc()
+        patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status)))
+        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        raise kopf.PermanentError(str(exc)) from None
+    except TRANSIENT as exc:
+        metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+        raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=5) from exc
+    patch.status["observedGeneration"] = generation
+    patch.status["selector"] = build.selector_string(spec)
+    patch.status["pool"] = spec.pool
+    log.info("pool_reconciled name=%s pool=%s generation=%s", spec.name, spec.pool, generation)
+
+
+@kopf.timer(build.GROUP, build.VERSION, PLURAL, interval=TICK_S, initial_delay=TICK_S)
+async def tick(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.Memo,
+               **_: Any) -> None:
+    key = (meta["namespace"], meta["name"])
+    config: OperatorSettings = memo.config
+    if time.monotonic() - memo.last_pass.get(key, 0.0) < config.interval_s:
+        return
+    memo.last_pass[key] = time.monotonic()
+    try:
+        spec = parse(meta["name"], meta["namespace"], dict(body.spec))
+    except InvalidSpec:
+        return  # reconcile reported it; nothing to scale
+    try:
+        patch.status.update(await observe_and_scale(dict(body), spec, memo))
+    except TRANSIENT as exc:
+        metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+        log.warning("pool_pass_failed name=%s error=%s", spec.name, exc)
+        kopf.warn(body, reason="ReconcileError", message=str(exc)[:500])
+
+
+async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
+                            memo: kopf.Memo) -> dict[str, Any]:
+    config: OperatorSettings = memo.config
+    k8s: Kubernetes = memo.k8s
+    db = await memo.dbs.for_pool(k8s, spec)
+    stats = await db.store.queue_stats(spec.pool)
+    expiries = await db.store.lease_expiries(spec.pool, config.lease_window_s)
+    deployment = await k8s.deployment(spec.namespace, build.names(spec)["deployment"])
+    current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) \
+        if deployment else spec.replicas_min
+    depth = stats.ready + stats.leased
+    key = (spec.namespace, spec.name)
+    previous = body.get("status") or {}
+    low_since = memo.low_since.get(key) or _parse_time(previous.get("scaleDownSince"))
+    decision = decide(spec, current, depth, low_since, now())
+    memo.low_since[key] = decision.low_since
+    if decision.replicas < current:
+        await set_deletion_costs(spec, db, k8s)
+    # Applying every pass repairs drift: a hand-edited or deleted object is put back.
+    for manifest in build.build_all(spec, body, decision.replicas):
+        await k8s.apply(manifest)
+    if decision.replicas != current and deployment is not None:
+        direction = "up" if decision.replicas > current else "down"
+        metrics.SCALE_CHANGES.labels(direction).inc()
+        kopf.info(cast(kopf.Body, body), reason=f"Scaled{direction.capitalize()}",
+                  message=f"workers {current} -> {decision.replicas} for {depth} runs "
+                          f"(ready {stats.ready}, leased {stats.leased})")
+    dep_status = (deployment or {}).get("status") or {}
+    observed = st.Observed(
+        generation=None, replicas=int(dep_status.get("replicas") or 0),
+        ready=int(dep_status.get("readyReplicas") or 0),
+        updated=int(dep_status.get("updatedReplicas") or 0), desired=decision.replicas,
+        queue=stats, lease_expiries=expiries)
+    export(spec, observed, stats)
+    out = st.status(observed, now(), previous)
+    out["scaleDownSince"] = (decision.low_since.strftime("%Y-%m-%dT%H:%M:%SZ")
+                             if decision.low_since else None)
+    out["selector"] = build.selector_string(spec)
+    out["pool"] = spec.pool
+    return out
+
+
+async def set_deletion_costs(spec: PoolSpec, db: Database, k8s: Kubernetes) -> None:
+    """Before scaling in, tell the ReplicaSet which workers are cheapest to
+    remove: their number of leased runs, from locked_by's pod UID. Idle
+    workers go first; a busy one drains and releases its runs."""
+    leases = await db.store.leases_by_holder(spec.pool)
+    for pod in await k8s.pods(spec.namespace, build.selector(spec)):
+        meta = pod.get("metadata") or {}
+        cost = str(leases.get(meta.get("uid", ""), 0))
+        if (meta.get("annotations") or {}).get(build.DELETION_COST) != cost:
+            await k8s.annotate_pod(spec.namespace, meta["name"], {build.DELETION_COST: cost})
+
+
+def export(spec: PoolSpec, observed: st.Observed, stats: Any) -> None:
+    for tenant, (pending, ready, leased) in stats.by_tenant.items():
+        for state, value in (("pending", pending), ("ready", ready), ("leased", leased)):
+            metrics.QUEUE_RUNS.labels(spec.pool, tenant, state).set(value)
+    for code, n in stats.dead_by_code.items():
+        metrics.DEAD_RUNS.labels(spec.pool, code or "").set(n)
+    metrics.OLDEST_PENDING.labels(spec.pool).set(stats.oldest_ready_s)
+    metrics.LEASE_EXPIRIES.labels(spec.pool).set(observed.lease_expiries)
+    metrics.DESIRED_REPLICAS.labels(spec.namespace, spec.pool).set(observed.desired)
+    metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "total").set(observed.replicas)
+    metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "ready").set(observed.ready)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={build.OWNER_LABEL: kopf.PRESENT})
+async def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                           **_: Any) -> None:
+    """A worker Deployment was deleted by hand: put it back now, not at the next pass."""
+    if event.get("type") != "DELETED":
+        return
+    meta = body.get("metadata") or {}
+    owner = (meta.get("labels") or {}).get(build.OWNER_LABEL)
+    namespace = meta.get("namespace")
+    pool = await memo.k8s.get(f"/apis/{build.GROUP}/{build.VERSION}/namespaces/{namespace}/"
+                              f"{PLURAL}/{owner}")
+    if pool is None or (pool.get("metadata") or {}).get("deletionTimestamp"):
+        return  # the pool is gone: the Deployment went with it
+    try:
+        await apply_pool(pool, memo)
+        log.warning("deployment_recreated pool=%s namespace=%s", owner, namespace)
+        kopf.info(cast(kopf.Body, pool), reason="Recreated",
+                  message="the worker Deployment was deleted; recreated")
+    except InvalidSpec:
+        return

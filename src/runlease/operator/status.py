@@ -1,0 +1,81 @@
+"""A pool's status: counts and conditions, computed from what was observed. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from runlease.db.store import QueueStats
+
+
+@dataclass(frozen=True)
+class Observed:
+    generation: int | None
+    replicas: int
+    ready: int
+    updated: int
+    desired: int
+    queue: QueueStats | None
+    lease_expiries: int
+    error: str | None = None  # a reconcile error, shown as Degraded
+
+
+def condition(kind: str, ok: bool, reason: str, message: str, now: datetime,
+              previous: list[dict[str, Any]]) -> dict[str, Any]:
+    status = "True" if ok else "False"
+    before = next((c for c in previous if c.get("type") == kind), None)
+    since = before.get("lastTransitionTime") if before and before.get("status") == status \
+        else None
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since or now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def conditions(o: Observed, now: datetime, previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ready = o.ready >= o.desired
+    rolling = o.updated < o.replicas or o.replicas != o.desired
+    healthy = o.lease_expiries == 0
+    return [
+        condition("Ready", ready, "WorkersReady" if ready else "WorkersNotReady",
+                  f"{o.ready} of {o.desired} workers ready", now, previous),
+        condition("Progressing", rolling, "RollingOut" if rolling else "Stable",
+                  f"{o.updated} of {o.replicas} workers updated; {o.desired} wanted", now,
+                  previous),
+        condition("Degraded", o.error is not None,
+                  "ReconcileError" if o.error else "AsExpected", o.error or "", now, previous),
+        condition("LeasesHealthy", healthy, "NoExpiries" if healthy else "LeasesExpired",
+                  f"{o.lease_expiries} leases expired recently (their workers stopped "
+                  "renewing: crashed, killed or cut off)" if not healthy else
+                  "no lease expired recently", now, previous),
+    ]
+
+
+def status(o: Observed, now: datetime, previous: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "replicas": o.replicas,
+        "readyReplicas": o.ready,
+        "desiredReplicas": o.desired,
+        "leaseExpiries": o.lease_expiries,
+        "conditions": conditions(o, now, previous.get("conditions") or []),
+    }
+    if o.generation is not None:
+        out["observedGeneration"] = o.generation
+    if o.queue is not None:
+        out["queue"] = {"pending": o.queue.pending, "leased": o.queue.leased,
+                        "dead": o.queue.dead,
+                        "oldestPendingSeconds": round(o.queue.oldest_ready_s, 1)}
+    return out
+
+
+def invalid(message: str, generation: int | None, now: datetime,
+            previous: dict[str, Any]) -> dict[str, Any]:
+    """The status of a pool whose spec cannot be acted on."""
+    out: dict[str, Any] = {"conditions": [
+        condition("Ready", False, "InvalidSpec", message, now,
+                  previous.get("conditions") or []),
+        condition("Degraded", True, "InvalidSpec", message, now,
+                  previous.get("conditions") or []),
+    ]}
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return out

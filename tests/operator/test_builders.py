@@ -1,0 +1,155 @@
+"""The pure builders: every spec field reaches the manifests, and every
+manifest is valid Kubernetes (strict, for the oldest version we support)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from runlease.operator.autoscale import decide, wanted
+from runlease.operator.build import build_all, build_deployment, build_pdb, build_service
+from runlease.operator.spec import InvalidSpec, parse
+
+OLDEST_KUBERNETES = "1.27"  # docs/installation.md says so too
+OWNER = {"metadata": {"name": "batch", "uid": "uid-batch"}}
+
+FULL = {
+    "image": "ghcr.io/acme/agents:1.2",
+    "imagePullPolicy": "Always",
+    "agent": "acme.agents:main",
+    "pool": "batch-pool",
+    "database": {"secretKeyRef": {"name": "pg", "key": "dsn"}},
+    "concurrencyPerWorker": 7,
+    "replicas": {"min": 2, "max": 9},
+    "autoscaling": {"enabled": True, "targetRunsPerWorker": 0.5, "scaleDownDelaySeconds": 120},
+    "lease": {"durationSeconds": 30, "heartbeatSeconds": 10},
+    "maxAttempts": 4,
+    "priorityAgingSeconds": 30,
+    "tenants": {"defaultMaxInFlight": 3, "overrides": [{"tenant": "vip", "maxInFlight": 9}]},
+    "drainGraceSeconds": 20,
+    "terminationGracePeriodSeconds": 45,
+    "metricsPort": 9100,
+    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    "env": [{"name": "OPENAI_BASE_URL", "value": "http://llm:8000/v1"}],
+    "nodeSelector": {"pool": "agents"},
+    "tolerations": [{"key": "agents", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    "serviceAccountName": "agents",
+    "podAnnotations": {"example.com/team": "ml"},
+    "podLabels": {"team": "ml"},
+}
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_every_spec_field_reaches_the_manifests() -> None:
+    spec = parse("batch", "ml", FULL)
+    deployment = build_deployment(spec, OWNER, replicas=3)
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["metadata"]["namespace"] == "ml"
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert (container["image"], container["imagePullPolicy"]) == ("ghcr.io/acme/agents:1.2",
+                                                                  "Always")
+    assert container["args"] == ["worker"]
+    assert container["resources"] == FULL["resources"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    env = env_of(deployment)
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["RUNLEASE_DATABASE_URL"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
+    assert (env["RUNLEASE_POOL"], env["RUNLEASE_AGENT"]) == ("batch-pool", "acme.agents:main")
+    assert (env["RUNLEASE_CONCURRENCY"], env["RUNLEASE_LEASE_S"],
+            env["RUNLEASE_HEARTBEAT_INTERVAL_S"], env["RUNLEASE_DRAIN_GRACE_S"],
+            env["RUNLEASE_METRICS_PORT"]) == ("7", "30", "10.0", "20", "9100")
+    assert env["OPENAI_BASE_URL"] == "http://llm:8000/v1"
+    assert pod["terminationGracePeriodSeconds"] == 45
+    assert pod["nodeSelector"] == {"pool": "agents"}
+    assert pod["tolerations"] == FULL["tolerations"]
+    assert pod["affinity"] == FULL["affinity"]
+    assert pod["serviceAccountName"] == "agents"
+    template_meta = deployment["spec"]["template"]["metadata"]
+    assert template_meta["annotations"] == {"example.com/team": "ml"}
+    assert template_meta["labels"]["team"] == "ml"
+    assert template_meta["labels"]["runlease.dev/pool"] == "batch-pool"
+    service = build_service(spec, OWNER)
+    assert service["spec"]["ports"][0]["port"] == 9100
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    pdb = build_pdb(spec, OWNER)
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    for manifest in (deployment, service, pdb):
+        assert manifest["metadata"]["ownerReferences"] == [{
+            "apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": "batch",
+            "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}]
+    # Settings that live in the database, not in manifests:
+    assert (spec.max_attempts, spec.priority_aging_s, spec.default_max_in_flight,
+            spec.tenant_overrides) == (4, 30, 3, {"vip": 9})
+    assert (spec.replicas_min, spec.replicas_max, spec.target_runs_per_worker,
+            spec.scale_down_delay_s) == (2, 9, 0.5, 120)
+
+
+@pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "1.31", "1.34"])
+@pytest.mark.parametrize("spec", [FULL, {k: FULL[k] for k in ("image", "agent", "database")}],
+                         ids=["full", "minimal"])
+def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str) -> None:
+    for manifest in build_all(parse("batch", "ml", spec), OWNER, replicas=2):
+        assert kubernetes_validate.validate(manifest, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"image": ""}, "spec.image"),
+        ({"agent": "not a callable"}, "spec.agent"),
+        ({"pool": "Bad_Pool"}, "spec.pool"),
+        ({"database": {}}, "spec.database.secretKeyRef"),
+        ({"replicas": {"min": 5, "max": 2}}, "spec.replicas.min"),
+        ({"lease": {"durationSeconds": 10, "heartbeatSeconds": 5}}, "heartbeatSeconds"),
+        ({"drainGraceSeconds": 50, "terminationGracePeriodSeconds": 50}, "terminationGrace"),
+        ({"concurrencyPerWorker": 0}, "spec.concurrencyPerWorker"),
+        ({"imagePullPolicy": "Sometimes"}, "spec.imagePullPolicy"),
+        ({"tenants": {"overrides": [{"tenant": "a", "maxInFlight": 1},
+                                    {"tenant": "a", "maxInFlight": 2}]}}, "twice"),
+    ],
+)
+def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidSpec, match=field):
+        parse("batch", "ml", FULL | change)
+
+
+def test_the_default_pool_is_the_name_and_must_be_a_valid_pool() -> None:
+    minimal = {k: FULL[k] for k in ("image", "agent", "database")}
+    assert parse("gpu-batch", "ml", minimal).pool == "gpu-batch"
+    with pytest.raises(InvalidSpec, match="metadata.name"):
+        parse("Gpu.Batch", "ml", minimal)
+
+
+def test_autoscaling_up_at_once_down_after_the_delay() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    spec = parse("batch", "ml", FULL | {"replicas": {"min": 1, "max": 10}})
+    # 7 slots x 0.5 = 3.5 runs per worker
+    assert [wanted(spec, d) for d in (0, 1, 4, 35, 1000)] == [1, 1, 2, 10, 10]
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    up = decide(spec, current=2, depth=20, low_since=None, now=t0)
+    assert (up.replicas, up.low_since, up.changed) == (6, None, True)
+    low = decide(spec, current=6, depth=0, low_since=None, now=t0)
+    assert (low.replicas, low.low_since, low.changed) == (6, t0, False)
+    still = decide(spec, current=6, depth=0, low_since=t0, now=t0 + timedelta(seconds=119))
+    assert still.replicas == 6
+    down = decide(spec, current=6, depth=0, low_since=t0, now=t0 + timedelta(seconds=120))
+    assert (down.replicas, down.low_since, down.changed) == (1, None, True)
+    back = decide(spec, current=6, depth=30, low_since=t0, now=t0 + timedelta(seconds=60))
+    assert (back.replicas, back.low_since) == (9, None)  # demand returned: delay reset
+    fixed = parse("batch", "ml", FULL | {"autoscaling": {"enabled": False}})
+    assert decide(fixed, current=5, depth=999, low_since=None, now=t0).replicas == 2

@@ -1,0 +1,103 @@
+"""The CRD's openAPIV3Schema, checked offline with jsonschema.
+
+The API server also prunes and (with strict field validation, kubectl's
+default) rejects unknown fields, and evaluates the CEL rules; here unknown
+fields are refused the same way, and the CEL rules, which jsonschema cannot
+run, are the same checks spec.parse makes (tested in test_builders.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from runlease.operator.spec import parse
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((ROOT / "crds" / "agentrunpools.runlease.dev.yaml").read_text())
+
+
+def to_json_schema(node: Any) -> Any:
+    """Kubernetes structural schema -> JSON Schema, as the server applies it."""
+    if isinstance(node, list):
+        return [to_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: to_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    if node.get("exclusiveMinimum") is True:
+        out["exclusiveMinimum"] = out.pop("minimum")
+    if node.get("nullable"):
+        out.pop("nullable")
+        out["type"] = [node["type"], "null"]
+    if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+SCHEMA = to_json_schema(CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+EXAMPLE = yaml.safe_load((ROOT / "examples" / "agentrunpool.yaml").read_text())
+
+
+def validate(body: dict[str, Any]) -> None:
+    jsonschema.validate(body, SCHEMA, cls=jsonschema.Draft7Validator)
+
+
+def test_the_crd_declares_what_the_operator_needs() -> None:
+    version = CRD["spec"]["versions"][0]
+    assert (CRD["spec"]["group"], version["name"], CRD["spec"]["names"]["kind"]) == (
+        "runlease.dev", "v1alpha1", "AgentRunPool")
+    assert CRD["spec"]["names"]["shortNames"] == ["arp"]
+    assert CRD["spec"]["scope"] == "Namespaced"
+    assert set(version["subresources"]) == {"status", "scale"}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Ready", "Replicas", "Pending", "Leased", "Dead", "Age"]
+    jsonschema.Draft7Validator.check_schema(SCHEMA)
+
+
+def test_the_commented_example_is_valid() -> None:
+    validate(EXAMPLE)
+    spec = parse(EXAMPLE["metadata"]["name"], EXAMPLE["metadata"]["namespace"],
+                 EXAMPLE["spec"])
+    assert spec.tenant_overrides == {"enterprise-co": 100, "free-tier": 2}
+
+
+def test_a_minimal_pool_is_valid() -> None:
+    validate({"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool",
+              "metadata": {"name": "p"},
+              "spec": {"image": "x", "agent": "a:b",
+                       "database": {"secretKeyRef": {"name": "db"}}}})
+
+
+INVALID = [
+    ("no image", lambda s: s.pop("image")),
+    ("no agent", lambda s: s.pop("agent")),
+    ("agent not module:callable", lambda s: s.update(agent="acme.agents")),
+    ("no database", lambda s: s.pop("database")),
+    ("secretKeyRef without name", lambda s: s["database"]["secretKeyRef"].pop("name")),
+    ("unknown field", lambda s: s.update(replica=3)),
+    ("unknown nested field", lambda s: s["lease"].update(seconds=5)),
+    ("bad pull policy", lambda s: s.update(imagePullPolicy="Sometimes")),
+    ("concurrency 0", lambda s: s.update(concurrencyPerWorker=0)),
+    ("concurrency a string", lambda s: s.update(concurrencyPerWorker="10")),
+    ("target 0 (exclusive)", lambda s: s["autoscaling"].update(targetRunsPerWorker=0)),
+    ("target over 1", lambda s: s["autoscaling"].update(targetRunsPerWorker=1.5)),
+    ("negative min", lambda s: s["replicas"].update(min=-1)),
+    ("max attempts 0", lambda s: s.update(maxAttempts=0)),
+    ("pool with capitals", lambda s: s.update(pool="Batch")),
+    ("override without limit", lambda s: s["tenants"]["overrides"][0].pop("maxInFlight")),
+    ("node selector not strings", lambda s: s.update(nodeSelector={"a": 1})),
+    ("lease too short", lambda s: s["lease"].update(durationSeconds=1)),
+]
+
+
+@pytest.mark.parametrize("mutate", [m for _, m in INVALID], ids=[n for n, _ in INVALID])
+def test_invalid_pools_are_rejected(mutate: Any) -> None:
+    body = copy.deepcopy(EXAMPLE)
+    mutate(body["spec"])
+    with pytest.raises(jsonschema.ValidationError):
+        validate(body)

@@ -1,0 +1,235 @@
+"""The running operator (kopf in-process) against KMock, with a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+
+from runlease.db.connect import make_pool
+from runlease.db.store import NewRun, RunStore
+from tests.operator.conftest import (
+    DEPLOYMENTS,
+    MERGE,
+    NS,
+    PDBS,
+    PODS,
+    POOLS,
+    POOLS_URL,
+    SERVICES,
+    create_pool,
+    database_secret,
+    eventually,
+    requests_of,
+    running_operator,
+    stored,
+)
+
+OWNER = {"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": "batch",
+         "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}
+
+
+def pool_status(k: Any, name: str = "batch") -> dict[str, Any]:
+    return dict(stored(k, POOLS, name).get("status") or {})
+
+
+def condition(k: Any, kind: str, name: str = "batch") -> dict[str, Any]:
+    return next(c for c in pool_status(k, name).get("conditions", []) if c["type"] == kind)
+
+
+async def enqueue(db_url: str, pool: str, n: int, tenant: str = "acme") -> None:
+    async with make_pool(db_url, max_size=1) as p:
+        await RunStore(p).enqueue_many(pool, [NewRun(tenant, {"i": i}) for i in range(n)])
+
+
+async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
+                                                  db_url: str) -> None:
+    database_secret(kmock, db_url)
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch", concurrencyPerWorker=5,
+                          replicas={"min": 1, "max": 4},
+                          tenants={"defaultMaxInFlight": 3,
+                                   "overrides": [{"tenant": "vip", "maxInFlight": 10}]})
+        await eventually(lambda: stored(kmock, PDBS, "batch-workers"))  # applied last
+        deployment = stored(kmock, DEPLOYMENTS, "batch-workers")
+        service = stored(kmock, SERVICES, "batch-metrics")
+        pdb = stored(kmock, PDBS, "batch-workers")
+        for obj in (deployment, service, pdb):
+            assert obj["metadata"]["ownerReferences"] == [OWNER]
+        assert deployment["spec"]["replicas"] == 1
+        await eventually(lambda: pool_status(kmock)["observedGeneration"] == 1)
+        await eventually(lambda: "queue" in pool_status(kmock))
+        status = pool_status(kmock)
+        assert status["pool"] == "batch"
+        assert status["selector"] == ("app.kubernetes.io/component=worker,"
+                                      "runlease.dev/agentrunpool=batch")
+        assert status["queue"] == {"pending": 0, "leased": 0, "dead": 0,
+                                   "oldestPendingSeconds": 0.0}
+        assert condition(kmock, "Degraded")["status"] == "False"
+        # The pool's row and tenant limits reached the database.
+        with psycopg.connect(db_url) as conn:
+            pools = conn.execute("SELECT name, max_attempts, lease_s, default_max_in_flight"
+                                 " FROM agent_run_pools ORDER BY name").fetchall()
+            limits = conn.execute("SELECT tenant_id, max_in_flight FROM agent_run_tenant_limits"
+                                  " WHERE pool = 'batch'").fetchall()
+        assert ("batch", 3, 45, 3) in pools
+        assert limits == [("vip", 10)]
+
+
+async def test_spec_updates_reach_the_deployment_and_the_database(
+    kmock: Any, kubeconfig: str, db_url: str
+) -> None:
+    database_secret(kmock, db_url)
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch",
+                          tenants={"overrides": [{"tenant": "vip", "maxInFlight": 10},
+                                                 {"tenant": "old", "maxInFlight": 1}]})
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
+        await kmock.patch(f"{POOLS_URL}/batch", headers=MERGE, json={
+            "metadata": {"generation": 2},
+            "spec": {"image": "ghcr.io/acme/agents:1.3", "maxAttempts": 5,
+                     "tenants": {"overrides": [{"tenant": "vip", "maxInFlight": 20}]}}})
+
+        def updated() -> bool:
+            container = stored(kmock, DEPLOYMENTS, "batch-workers")["spec"]["template"][
+                "spec"]["containers"][0]
+            return container["image"] == "ghcr.io/acme/agents:1.3"
+
+        await eventually(updated)
+        await eventually(lambda: pool_status(kmock)["observedGeneration"] == 2)
+        with psycopg.connect(db_url) as conn:
+            limits = conn.execute("SELECT tenant_id, max_in_flight FROM agent_run_tenant_limits"
+                                  " WHERE pool = 'batch'").fetchall()
+            attempts = conn.execute("SELECT max_attempts FROM agent_run_pools"
+                                    " WHERE name = 'batch'").fetchone()
+        assert limits == [("vip", 20)]  # the removed override is removed
+        assert attempts == (5,)
+        assert not requests_of(kmock, method="PUT")  # patched, never replaced
+
+
+async def test_replicas_follow_the_queue_and_scale_down_waits(
+    kmock: Any, kubeconfig: str, db_url: str
+) -> None:
+    database_secret(kmock, db_url)
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch", concurrencyPerWorker=10,
+                          replicas={"min": 1, "max": 5},
+                          autoscaling={"targetRunsPerWorker": 1, "scaleDownDelaySeconds": 2})
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
+        await enqueue(db_url, "batch", 35)
+
+        def replicas() -> int:
+            return int(stored(kmock, DEPLOYMENTS, "batch-workers")["spec"]["replicas"])
+
+        await eventually(lambda: replicas() == 4)  # ceil(35 / 10), at once
+        await eventually(lambda: pool_status(kmock).get("queue", {}).get("pending") == 35)
+        assert pool_status(kmock)["desiredReplicas"] == 4
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("UPDATE agent_runs SET status = 'cancelled', finished_at = now(),"
+                         " cancel_requested_at = now() WHERE pool = 'batch'")
+        started = asyncio.get_running_loop().time()
+        await eventually(lambda: pool_status(kmock).get("scaleDownSince"))
+        assert replicas() == 4  # lower demand, but the delay has not passed
+        await eventually(lambda: replicas() == 1, timeout=10)
+        waited = asyncio.get_running_loop().time() - started
+        assert waited >= 1.5
+
+        def reasons() -> set[str]:
+            events = [r.data for r in requests_of(kmock, method="POST", resource="v1/events")]
+            return {e.get("reason") for e in events if isinstance(e, dict)}
+
+        await eventually(lambda: {"ScaledUp", "ScaledDown"} <= reasons())
+
+
+async def test_pod_deletion_cost_comes_from_leases(kmock: Any, kubeconfig: str,
+                                                   db_url: str) -> None:
+    database_secret(kmock, db_url)
+    labels = {"runlease.dev/agentrunpool": "batch", "app.kubernetes.io/component": "worker"}
+    for name, uid in (("busy", "uid-pod-busy"), ("idle", "uid-pod-idle")):
+        kmock.objects[PODS, NS, f"batch-workers-{name}"] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"batch-workers-{name}", "namespace": NS, "uid": uid,
+                         "labels": labels},
+            "spec": {"containers": [{"name": "worker", "image": "x"}]}}
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch", concurrencyPerWorker=2, replicas={"min": 1, "max": 3},
+                          autoscaling={"scaleDownDelaySeconds": 0})
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
+        await enqueue(db_url, "batch", 6)
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers")["spec"][
+            "replicas"] == 3)
+        async with make_pool(db_url, max_size=1) as p:
+            store = RunStore(p)
+            leases = await store.claim("batch", "uid-pod-busy:boot:1", 2)
+            await store.request_cancel((await store.list_runs(status="pending"))[0].id)
+            for run in await store.list_runs(status="pending"):
+                await store.request_cancel(run.id)
+        assert len(leases) == 2
+
+        def costs() -> dict[str, str]:
+            out = {}
+            for name in ("busy", "idle"):
+                pod = stored(kmock, PODS, f"batch-workers-{name}")
+                cost = pod["metadata"].get("annotations", {}).get(
+                    "controller.kubernetes.io/pod-deletion-cost")
+                out[name] = cost
+            return out
+
+        await eventually(lambda: costs() == {"busy": "2", "idle": "0"})
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers")["spec"][
+            "replicas"] == 1)
+
+
+async def test_a_deleted_or_edited_deployment_is_put_back(kmock: Any, kubeconfig: str,
+                                                          db_url: str) -> None:
+    database_secret(kmock, db_url)
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch")
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
+        await kmock.patch(f"/apis/apps/v1/namespaces/{NS}/deployments/batch-workers",
+                          headers=MERGE, json={"spec": {"template": {"spec": {
+                              "terminationGracePeriodSeconds": 1}}}})
+
+        def grace() -> int:
+            return int(stored(kmock, DEPLOYMENTS, "batch-workers")["spec"]["template"]["spec"][
+                "terminationGracePeriodSeconds"])
+
+        await eventually(lambda: grace() == 60)
+        await kmock.delete(f"/apis/apps/v1/namespaces/{NS}/deployments/batch-workers")
+        await eventually(lambda: not kmock.objects[DEPLOYMENTS, NS, "batch-workers"].deleted)
+        history = kmock.objects[DEPLOYMENTS, NS, "batch-workers"].history
+        assert None in history  # deleted, then created again
+        assert stored(kmock, DEPLOYMENTS, "batch-workers")["metadata"]["ownerReferences"] == [
+            OWNER]
+
+
+async def test_an_invalid_spec_is_degraded_with_the_message(kmock: Any, kubeconfig: str,
+                                                            db_url: str) -> None:
+    database_secret(kmock, db_url)
+    async with running_operator(kmock):
+        await create_pool(kmock, "broken", lease={"durationSeconds": 10,
+                                                  "heartbeatSeconds": 6})
+        await eventually(lambda: condition(kmock, "Degraded", "broken")["status"] == "True")
+        degraded = condition(kmock, "Degraded", "broken")
+        assert degraded["reason"] == "InvalidSpec"
+        assert "heartbeatSeconds" in degraded["message"]
+        await eventually(lambda: any(
+            isinstance(r.data, dict) and r.data.get("reason") == "InvalidSpec"
+            for r in requests_of(kmock, method="POST", resource="v1/events")))
+        assert DEPLOYMENTS not in {str(r.resource) for r in requests_of(kmock, method="POST")}
+
+
+async def test_two_operators_elect_one_reaper(kmock: Any, kubeconfig: str,
+                                              db_url: str) -> None:
+    async with running_operator(kmock, db_url), running_operator(kmock, db_url):
+        def leaders() -> list[tuple[Any, ...]]:
+            with psycopg.connect(db_url) as conn:
+                return conn.execute("SELECT leader_id FROM runlease_leaders"
+                                    " WHERE expires_at > now()").fetchall()
+
+        await eventually(lambda: len(leaders()) == 1)
+        first = leaders()
+        await asyncio.sleep(1)
+        assert leaders() == first  # one leader, the same one, while both run
+        assert first[0][0].startswith("operator-")
