@@ -33,11 +33,11 @@ PODS = "v1/pods"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0,
+async def eventually(check: Callable[[], Any], wait_s: float = 10.0,
                      interval: float = 0.05) -> Any:
     """Retry a check (asserting, or returning something truthy) until it passes."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + wait_s
     while True:
         try:
             result = check()
@@ -48,7 +48,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0,
                 StopIteration) as exc:
             error = exc
         if loop.time() > deadline:
-            raise AssertionError(f"not satisfied within {timeout} s: {error!r}") from error
+            raise AssertionError(f"not satisfied within {wait_s} s: {error!r}") from error
         await asyncio.sleep(interval)
 
 
@@ -153,7 +153,7 @@ async def running_operator(kmock: Any, db_url: str | None = None,
     thread = threading.Thread(target=run, daemon=True, name="kopf")
     thread.start()
     try:
-        await eventually(lambda: requests_of(kmock, method="GET", resource=POOLS), timeout=15)
+        await eventually(lambda: requests_of(kmock, method="GET", resource=POOLS), wait_s=15)
         yield config
     finally:
         stop.set()

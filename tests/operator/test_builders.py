@@ -130,7 +130,7 @@ def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str
 def test_the_default_pool_is_the_name_and_must_be_a_valid_pool() -> None:
     minimal = {k: FULL[k] for k in ("image", "agent", "database")}
     assert parse("gpu-batch", "ml", minimal).pool == "gpu-batch"
-    with pytest.raises(InvalidSpec, match="metadata.name"):
+    with pytest.raises(InvalidSpec, match=r"metadata\.name"):
         parse("Gpu.Batch", "ml", minimal)
 
 

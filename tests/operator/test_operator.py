@@ -131,7 +131,7 @@ async def test_replicas_follow_the_queue_and_scale_down_waits(
         started = asyncio.get_running_loop().time()
         await eventually(lambda: pool_status(kmock).get("scaleDownSince"))
         assert replicas() == 4  # lower demand, but the delay has not passed
-        await eventually(lambda: replicas() == 1, timeout=10)
+        await eventually(lambda: replicas() == 1, wait_s=10)
         waited = asyncio.get_running_loop().time() - started
         assert waited >= 1.5
 
