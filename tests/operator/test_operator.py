@@ -220,6 +220,16 @@ async def test_an_invalid_spec_is_degraded_with_the_message(kmock: Any, kubeconf
         assert DEPLOYMENTS not in {str(r.resource) for r in requests_of(kmock, method="POST")}
 
 
+async def test_a_missing_secret_is_retried_until_it_exists(kmock: Any, kubeconfig: str,
+                                                            db_url: str) -> None:
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch")
+        await eventually(lambda: condition(kmock, "Degraded")["reason"] == "SecretMissing")
+        assert "no Secret 'db'" in condition(kmock, "Degraded")["message"]
+        database_secret(kmock, db_url)  # applied after the pool, as kubectl apply -f dir/ may
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"), wait_s=20)
+
+
 async def test_two_operators_elect_one_reaper(kmock: Any, kubeconfig: str,
                                               db_url: str) -> None:
     async with running_operator(kmock, db_url), running_operator(kmock, db_url):

@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from runlease.db.connect import make_pool
 from runlease.db.store import RunStore
 from runlease.operator.k8s import Kubernetes
-from runlease.operator.spec import InvalidSpec, PoolSpec
+from runlease.operator.spec import PoolSpec
 from runlease.services.leader import LeaderElector
 from runlease.services.reaper import Reaper
 from runlease.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
+
+
+class SecretMissing(RuntimeError):
+    """The pool's database Secret (or its key) does not exist yet: retried,
+    since it may well be applied after the pool."""
 
 
 @dataclass
@@ -62,12 +67,12 @@ class Databases:
         secret = await k8s.get(f"/api/v1/namespaces/{spec.namespace}/secrets/"
                                f"{spec.database_secret}")
         if secret is None:
-            raise InvalidSpec(f"spec.database.secretKeyRef: no Secret {spec.database_secret!r} "
-                              f"in {spec.namespace}")
+            raise SecretMissing(f"spec.database.secretKeyRef: no Secret "
+                                f"{spec.database_secret!r} in {spec.namespace}")
         encoded = (secret.get("data") or {}).get(spec.database_key)
         if not encoded:
-            raise InvalidSpec(f"spec.database.secretKeyRef: Secret {spec.database_secret!r} "
-                              f"has no key {spec.database_key!r}")
+            raise SecretMissing(f"spec.database.secretKeyRef: Secret {spec.database_secret!r} "
+                                f"has no key {spec.database_key!r}")
         return await self.for_url(base64.b64decode(encoded).decode())
 
     @property

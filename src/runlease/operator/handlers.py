@@ -30,7 +30,7 @@ from runlease.errors import RunleaseError
 from runlease.operator import build
 from runlease.operator import status as st
 from runlease.operator.autoscale import decide, wanted
-from runlease.operator.databases import Database, Databases
+from runlease.operator.databases import Database, Databases, SecretMissing
 from runlease.operator.k8s import ApiError, Kubernetes
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 PLURAL = "agentrunpools"
 TICK_S = 0.5  # the timer's own pace; each pool's pass runs every settings.interval_s
-TRANSIENT = (ApiError, RunleaseError, aiohttp.ClientError, TimeoutError)
+TRANSIENT = (ApiError, RunleaseError, aiohttp.ClientError, TimeoutError, SecretMissing)
 
 
 def now() -> datetime:
@@ -138,6 +138,8 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: k
         raise kopf.PermanentError(str(exc)) from None
     except TRANSIENT as exc:
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+        patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status),
+                                       reason=type(exc).__name__))
         raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=5) from exc
     patch.status["observedGeneration"] = generation
     patch.status["selector"] = build.selector_string(spec)

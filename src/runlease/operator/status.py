@@ -68,13 +68,12 @@ def status(o: Observed, now: datetime, previous: dict[str, Any]) -> dict[str, An
 
 
 def invalid(message: str, generation: int | None, now: datetime,
-            previous: dict[str, Any]) -> dict[str, Any]:
-    """The status of a pool whose spec cannot be acted on."""
+            previous: dict[str, Any], reason: str = "InvalidSpec") -> dict[str, Any]:
+    """The status of a pool that could not be reconciled (a bad spec, a
+    missing Secret, an unreachable database)."""
     out: dict[str, Any] = {"conditions": [
-        condition("Ready", False, "InvalidSpec", message, now,
-                  previous.get("conditions") or []),
-        condition("Degraded", True, "InvalidSpec", message, now,
-                  previous.get("conditions") or []),
+        condition("Ready", False, reason, message, now, previous.get("conditions") or []),
+        condition("Degraded", True, reason, message, now, previous.get("conditions") or []),
     ]}
     if generation is not None:
         out["observedGeneration"] = generation
