@@ -33,11 +33,15 @@ class Acker(Service):
         self._queue: asyncio.Queue[tuple[Lease, Any, float, asyncio.Future[bool]]] = (
             asyncio.Queue())
 
-    async def ack(self, lease: Lease, result: Any, fence_at: float) -> bool:
-        """True once acked; False if the lease was lost (or fenced) first."""
+    def submit(self, lease: Lease, result: Any, fence_at: float) -> asyncio.Future[bool]:
+        """Queue an ack; the future says True once acked, False if the lease was
+        lost (or fenced) first."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        await self._queue.put((lease, result, fence_at, done))
-        return await done
+        self._queue.put_nowait((lease, result, fence_at, done))
+        return done
+
+    async def ack(self, lease: Lease, result: Any, fence_at: float) -> bool:
+        return await self.submit(lease, result, fence_at)
 
     async def _main(self) -> None:
         while True:

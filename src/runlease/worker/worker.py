@@ -31,7 +31,7 @@ from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import Conn, connect, make_pool
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
-from runlease.errors import LeaseLost, RunleaseError, SettingsError
+from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
 from runlease.services.identity import worker_id
 from runlease.services.leader import LeaderElector
@@ -241,7 +241,7 @@ class Worker:
         self.runs[lease.run_id] = handle
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
         metrics.child(metrics.RUNS_IN_FLIGHT, s.pool, lease.run.tenant_id).inc()
-        log.info("run_claimed run_id=%s tenant=%s attempt=%s epoch=%s", lease.run_id,
+        log.debug("run_claimed run_id=%s tenant=%s attempt=%s epoch=%s", lease.run_id,
                  lease.run.tenant_id, lease.run.attempts, lease.epoch)
         if lease.run.cancel_requested_at is not None:
             handle.request_cancel()
@@ -262,12 +262,15 @@ class Worker:
 
     async def _ack(self, lease: Lease, result: Any) -> bool:
         handle = self.runs[lease.run_id]
-        try:
-            return bool(await self.runner._until_lost(
-                handle, asyncio.ensure_future(self.acker.ack(lease, result, handle.fence_at)),
-                grace_s=0))
-        except LeaseLost:
-            return False
+        done = self.acker.submit(lease, result, handle.fence_at)
+        # A lost lease settles the ack at once: it must not wait on a batch
+        # stuck behind a dead socket.
+        def settle(_: object) -> None:
+            if not done.done():
+                done.set_result(False)
+
+        handle.lost.add_done_callback(settle)
+        return await done
 
     # -- signals from the database --------------------------------------------------------
 
