@@ -84,8 +84,11 @@ def _parse(name: str, hint: Any, raw: Any, meta: Mapping[str, Any]) -> Any:
         raise SettingsError(f"{where} is required")
     try:
         if get_origin(base) is tuple:
-            items = raw.split(",") if isinstance(raw, str) else list(raw)
-            return tuple(str(i).strip() for i in items if str(i).strip())
+            # Comma-separated in the environment, and in each use of a
+            # repeatable option too: --namespaces a,b means a and b.
+            items = [raw] if isinstance(raw, str) else list(raw)
+            parts = (p.strip() for item in items for p in str(item).split(","))
+            return tuple(p for p in parts if p)
         if base is bool:
             return _bool(raw)
         if base is int:

@@ -153,3 +153,24 @@ def test_autoscaling_up_at_once_down_after_the_delay() -> None:
     assert (back.replicas, back.low_since) == (9, None)  # demand returned: delay reset
     fixed = parse("batch", "ml", FULL | {"autoscaling": {"enabled": False}})
     assert decide(fixed, current=5, depth=999, low_since=None, now=t0).replicas == 2
+
+
+def test_queue_gauges_of_a_tenant_that_left_are_removed() -> None:
+    from prometheus_client import generate_latest
+
+    from runlease.db.store import QueueStats
+    from runlease.operator.handlers import export
+    from runlease.operator.status import Observed
+
+    spec = parse("gauges", "ml", FULL | {"pool": "gauges-pool"})
+    first = QueueStats({"acme": (3, 2, 1), "globex": (1, 1, 0)}, {"fatal": 2}, 4.0)
+    export(spec, Observed(1, 1, 1, 1, 1, first, 0), first)
+    text = generate_latest().decode()
+    assert 'runlease_queue_runs{pool="gauges-pool",status="pending",tenant="globex"} 1.0' in text
+    assert 'runlease_dead_runs{error_code="fatal",pool="gauges-pool"} 2.0' in text
+    second = QueueStats({"acme": (0, 0, 1)}, {}, 0.0)
+    export(spec, Observed(1, 1, 1, 1, 1, second, 0), second)
+    text = generate_latest().decode()
+    assert 'tenant="globex"' not in text
+    assert 'error_code="fatal",pool="gauges-pool"' not in text
+    assert 'runlease_queue_runs{pool="gauges-pool",status="leased",tenant="acme"} 1.0' in text

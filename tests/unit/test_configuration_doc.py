@@ -49,3 +49,12 @@ def test_a_bad_worker_setting_stops_the_command_with_a_message() -> None:
     assert result.returncode == 1
     assert "--heartbeat-interval-s (RUNLEASE_HEARTBEAT_INTERVAL_S)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_repeatable_options_also_split_on_commas() -> None:
+    from runlease.settings import OperatorSettings, load
+
+    settings = load(OperatorSettings, {"namespaces": ("agents,batch", "ml")}, environ={})
+    assert settings.namespaces == ("agents", "batch", "ml")
+    from_env = load(OperatorSettings, {}, environ={"RUNLEASE_NAMESPACES": "a, b"})
+    assert from_env.namespaces == ("a", "b")

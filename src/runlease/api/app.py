@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -87,6 +87,33 @@ class BodyLimit:
                 await too_big(scope, receive, send)
 
 
+class RequestMetrics:
+    """Requests by route and status, and their duration (until the response
+    starts, for event streams). A plain ASGI middleware: Starlette's
+    BaseHTTPMiddleware costs a task and a stream per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+
+        async def observing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                path = getattr(scope.get("route"), "path", "unmatched")
+                method = scope["method"]
+                metrics.child(metrics.API_REQUESTS, method, path,
+                              str(message["status"])).inc()
+                metrics.child(metrics.API_LATENCY, method, path).observe(
+                    time.monotonic() - started)
+            await send(message)
+
+        await self.app(scope, receive, observing_send)
+
+
 def build_registry(settings: ApiSettings) -> TokenRegistry:
     registry = TokenRegistry()
     if settings.tokens:
@@ -143,15 +170,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
             expose_headers=["Location"])
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
-    @app.middleware("http")
-    async def count(request: Request,
-                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        started = time.monotonic()
-        response = await call_next(request)
-        path = getattr(request.scope.get("route"), "path", "unmatched")
-        metrics.API_REQUESTS.labels(request.method, path, str(response.status_code)).inc()
-        metrics.API_LATENCY.labels(request.method, path).observe(time.monotonic() - started)
-        return response
+    app.add_middleware(RequestMetrics)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

@@ -1,4 +1,8 @@
-"""What routes depend on: the store, the feed hub, and who is calling."""
+"""What routes depend on: the store, the feed hub, and who is calling.
+
+The dependencies are coroutines although they never await: FastAPI runs a
+plain function dependency in a worker thread, a thread hop per dependency
+per request for what is a dictionary lookup."""
 
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ def api_state(request: Request) -> ApiState:
     return state
 
 
-def store(request: Request) -> RunStore:
+async def store(request: Request) -> RunStore:
     s = api_state(request).store
     assert s is not None, "the app's lifespan has not started"
     return s
@@ -43,14 +47,14 @@ def bearer(request: Request) -> Principal | None:
     return api_state(request).tokens.authenticate(token.strip())
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
     who = bearer(request)
     if who is None:
         raise unauthorized()
     return who
 
 
-def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
+async def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
     if not who.admin:
         raise ApiError(403, "forbidden", "admin only")
     return who

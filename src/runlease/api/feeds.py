@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,11 +42,35 @@ class Keepalive:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Events in order, and their SSE text, rendered once for every subscriber."""
+
+    events: list[Event]
+    text: str
+
+    @property
+    def last_seq(self) -> int:
+        return self.events[-1].seq
+
+
+def render(event: Event) -> str:
+    data = json.dumps({"seq": event.seq, "kind": event.kind, "data": event.data,
+                       "created_at": event.created_at.isoformat()})
+    return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n"
+
+
+def batch(events: list[Event], rendered: dict[int, str] | None = None) -> Batch:
+    texts = [(rendered or {}).get(e.seq) or render(e) for e in events]
+    return Batch(events, "".join(texts))
+
+
 class RunFeed:
     def __init__(self, hub: FeedHub, run_id: UUID, start_seq: int) -> None:
         self.hub = hub
         self.run_id = run_id
         self.events: list[Event] = []
+        self.rendered: dict[int, str] = {}  # seq -> its SSE text
         self.last_seq = start_seq  # everything up to here is known or was before our time
         self.first_seq = start_seq + 1  # the ring holds events from here on
         self.finished: Run | None = None
@@ -61,32 +86,16 @@ class RunFeed:
         return [e for e in self.events if e.seq > after]
 
     async def run(self) -> None:
-        store = self.hub.store
         while self.subscribers > 0 and self.finished is None:
             try:
-                fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
-                if not fresh:
-                    run = await store.get(self.run_id)
-                    if run.status in TERMINAL:
-                        # Nothing is written after the final transition, so one
-                        # more read after seeing it finished is complete.
-                        fresh = await store.events_after(self.run_id, self.last_seq,
-                                                         limit=PAGE)
-                        if not fresh:
-                            self.finished = run
-            except RunNotFound:
-                self.finished = None
+                fresh = await self._read()
+            except RunNotFound:  # deleted by retention while followed
                 return
             except RunleaseError as exc:
                 log.warning("feed_read_failed run_id=%s error=%s", self.run_id, exc)
                 fresh = []
             if fresh:
-                self.events.extend(fresh)
-                self.last_seq = fresh[-1].seq
-                if len(self.events) > RING:
-                    drop = len(self.events) - RING
-                    self.first_seq = self.events[drop].seq
-                    del self.events[:drop]
+                self._keep(fresh)
             if fresh or self.finished:
                 async with self.changed:
                     self.changed.notify_all()
@@ -95,6 +104,31 @@ class RunFeed:
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.hub.poll_s)
+
+    async def _read(self) -> list[Event]:
+        store = self.hub.store
+        fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
+        if not fresh:
+            run = await store.get(self.run_id)
+            if run.status in TERMINAL:
+                # Nothing is written after the final transition, so one more
+                # read after seeing it finished is complete.
+                fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
+                if not fresh:
+                    self.finished = run
+        return fresh
+
+    def _keep(self, fresh: list[Event]) -> None:
+        self.events.extend(fresh)
+        for event in fresh:
+            self.rendered[event.seq] = render(event)
+        self.last_seq = fresh[-1].seq
+        if len(self.events) > RING:
+            drop = len(self.events) - RING
+            self.first_seq = self.events[drop].seq
+            for gone in self.events[:drop]:
+                self.rendered.pop(gone.seq, None)
+            del self.events[:drop]
 
 
 class FeedHub:
@@ -130,13 +164,13 @@ class FeedHub:
     def subscribers(self) -> int:
         return sum(f.subscribers for f in self.feeds.values())
 
-    async def stream(self, run_id: UUID, after: int) -> AsyncIterator[Event | End | Keepalive]:
+    async def stream(self, run_id: UUID, after: int) -> AsyncIterator[Batch | End | Keepalive]:
         """Everything after `after`, then live events, then End."""
         while True:  # replay from the table first
             page = await self.store.events_after(run_id, after, limit=PAGE)
-            for event in page:
-                yield event
-                after = event.seq
+            if page:
+                yield batch(page)
+                after = page[-1].seq
             if len(page) < PAGE:
                 break
         feed = self.feeds.get(run_id)
@@ -155,14 +189,16 @@ class FeedHub:
                     feed.task.cancel()
                 self.feeds.pop(run_id, None)
 
-    async def _follow(self, feed: RunFeed, after: int) -> AsyncIterator[Event | End | Keepalive]:
+    async def _follow(self, feed: RunFeed, after: int) -> AsyncIterator[Batch | End | Keepalive]:
         while not self.closed:
             fresh = feed.covering(after)
             if fresh is None:
                 fresh = await self.store.events_after(feed.run_id, after, limit=PAGE)
-            for event in fresh:
-                yield event
-                after = event.seq
+            if fresh:
+                # One chunk per wake-up, rendered once per feed: a hundred
+                # subscribers of a busy run cost little more than one.
+                yield batch(fresh, feed.rendered)
+                after = fresh[-1].seq
             if fresh and len(fresh) == PAGE:
                 continue
             if feed.finished is not None and feed.last_seq <= after:

@@ -16,7 +16,7 @@ from runlease import metrics
 from runlease.api.auth import Principal
 from runlease.api.deps import Admin, Store, Who, api_state, bearer
 from runlease.api.errors import invalid, unauthorized
-from runlease.api.feeds import End, FeedHub, Keepalive
+from runlease.api.feeds import Batch, End, FeedHub, Keepalive
 from runlease.api.schemas import (
     POOL_PATTERN,
     ErrorBody,
@@ -29,7 +29,7 @@ from runlease.api.schemas import (
     StreamToken,
 )
 from runlease.core.states import RunStatus
-from runlease.db.models import Event, Pool, Run
+from runlease.db.models import Pool, Run
 from runlease.errors import RunNotFound
 
 router = APIRouter(prefix="/v1")
@@ -149,26 +149,20 @@ async def _sse(hub: FeedHub, run_id: UUID, after: int, request: Request) -> Asyn
     metrics.SSE_STREAMS.inc()
     try:
         yield "retry: 1000\n\n"
+        # A client that goes away cancels this generator (Starlette watches
+        # for the disconnect); shutdown ends the hub's streams.
         async for item in hub.stream(run_id, after):
-            if isinstance(item, Event):
-                yield format_event(item)
+            if isinstance(item, Batch):
+                yield item.text
             elif isinstance(item, Keepalive):
                 yield ": keepalive\n\n"
             elif isinstance(item, End):
                 yield format_end(item.run)
                 return
-            if api_state(request).stopping or await request.is_disconnected():
-                return
     except RunNotFound:  # deleted by retention while followed
         return
     finally:
         metrics.SSE_STREAMS.dec()
-
-
-def format_event(event: Event) -> str:
-    data = json.dumps({"seq": event.seq, "kind": event.kind, "data": event.data,
-                       "created_at": event.created_at.isoformat()})
-    return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n"
 
 
 def format_end(run: Run) -> str:

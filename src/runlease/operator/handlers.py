@@ -221,7 +221,22 @@ async def set_deletion_costs(spec: PoolSpec, db: Database, k8s: Kubernetes) -> N
             await k8s.annotate_pod(spec.namespace, meta["name"], {build.DELETION_COST: cost})
 
 
+# Label sets exported per pool at the last pass: a tenant whose queue emptied,
+# or an error code whose dead runs retention deleted, must go back to zero,
+# not keep its last value.
+_exported: dict[str, tuple[set[tuple[str, str]], set[str]]] = {}
+
+
 def export(spec: PoolSpec, observed: st.Observed, stats: Any) -> None:
+    queue_now = {(tenant, state) for tenant in stats.by_tenant
+                 for state in ("pending", "ready", "leased")}
+    dead_now = {code or "" for code in stats.dead_by_code}
+    queue_before, dead_before = _exported.get(spec.pool, (set(), set()))
+    for tenant, state in queue_before - queue_now:
+        metrics.QUEUE_RUNS.remove(spec.pool, tenant, state)
+    for code in dead_before - dead_now:
+        metrics.DEAD_RUNS.remove(spec.pool, code)
+    _exported[spec.pool] = (queue_now, dead_now)
     for tenant, (pending, ready, leased) in stats.by_tenant.items():
         for state, value in (("pending", pending), ("ready", ready), ("leased", leased)):
             metrics.QUEUE_RUNS.labels(spec.pool, tenant, state).set(value)

@@ -32,6 +32,7 @@ API_CALLS: tuple[tuple[str, str, str], ...] = (
     ("list", "", "pods"),
     ("patch", "", "pods"),
     ("get", "", "secrets"),
+    ("get", "runlease.dev", "agentrunpools"),
     ("patch", "runlease.dev", "agentrunpools/status"),
     # kopf's own: watching pools and deployments, its finalizer and progress
     # annotations, events, and peering between operator replicas.
@@ -41,11 +42,19 @@ API_CALLS: tuple[tuple[str, str, str], ...] = (
     ("list", "apps", "deployments"),
     ("watch", "apps", "deployments"),
     ("create", "", "events"),
+    # Peering: kopfpeerings when watching namespaces, clusterkopfpeerings
+    # with --all-namespaces (API_CALLS_CLUSTERWIDE swaps them).
     ("get", "kopf.dev", "kopfpeerings"),
     ("list", "kopf.dev", "kopfpeerings"),
     ("watch", "kopf.dev", "kopfpeerings"),
     ("patch", "kopf.dev", "kopfpeerings"),
     ("list", "apiextensions.k8s.io", "customresourcedefinitions"),
+    ("watch", "apiextensions.k8s.io", "customresourcedefinitions"),
+)
+
+API_CALLS_CLUSTERWIDE: tuple[tuple[str, str, str], ...] = tuple(
+    (verb, group, "clusterkopfpeerings" if resource == "kopfpeerings" else resource)
+    for verb, group, resource in API_CALLS
 )
 
 PATHS = {
