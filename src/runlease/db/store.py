@@ -139,6 +139,15 @@ class RunStore:
             await cur.execute(sql(name), params)
             return await cur.fetchall() if cur.description is not None else []
 
+    async def _fenced(self, name: str, lease: Lease, params: dict[str, Any],
+                      conn: Conn | None) -> list[DictRow]:
+        """A write fenced by the lease: zero rows means it is gone."""
+        params |= {"id": lease.run_id, "epoch": lease.epoch, "worker": lease.worker}
+        rows = await self._rows(name, params, conn)
+        if not rows:
+            raise LeaseLost(lease.run_id, lease.epoch)
+        return rows
+
     def _error(self, code: str, message: str) -> tuple[str, str]:
         if not _ERROR_CODE_RE.match(code):
             raise ValidationError("error_code", "must be 1-64 characters: a-z, digits, _ . -")
@@ -350,20 +359,9 @@ class RunStore:
         if retry_after_s is not None and not 0 <= retry_after_s <= bounds.RETRY_AFTER_MAX_S:
             raise ValidationError("retry_after_s",
                                   f"must be between 0 and {bounds.RETRY_AFTER_MAX_S}")
-        rows = await self._rows(
-            "run_nack",
-            {
-                "id": lease.run_id,
-                "epoch": lease.epoch,
-                "worker": lease.worker,
-                "error_code": code,
-                "error_message": message,
-                "retry_after_s": retry_after_s,
-            },
-            conn,
-        )
-        if not rows:
-            raise LeaseLost(lease.run_id, lease.epoch)
+        rows = await self._fenced("run_nack", lease, {
+            "error_code": code, "error_message": message, "retry_after_s": retry_after_s,
+        }, conn)
         return RunStatus(rows[0]["status"])
 
     async def fail(
@@ -371,19 +369,8 @@ class RunStore:
     ) -> None:
         """A fatal failure: dead now."""
         code, message = self._error(error_code, error_message)
-        rows = await self._rows(
-            "run_fail",
-            {
-                "id": lease.run_id,
-                "epoch": lease.epoch,
-                "worker": lease.worker,
-                "error_code": code,
-                "error_message": message,
-            },
-            conn,
-        )
-        if not rows:
-            raise LeaseLost(lease.run_id, lease.epoch)
+        await self._fenced("run_fail", lease, {"error_code": code, "error_message": message},
+                           conn)
 
     async def release(
         self, worker: str, leases: Iterable[tuple[UUID, int]], *, conn: Conn | None = None
@@ -407,13 +394,7 @@ class RunStore:
 
     async def finalize_cancel(self, lease: Lease, *, conn: Conn | None = None) -> float:
         """The run is cancelled; returns seconds since the cancel was requested."""
-        rows = await self._rows(
-            "run_finalize_cancel",
-            {"id": lease.run_id, "epoch": lease.epoch, "worker": lease.worker},
-            conn,
-        )
-        if not rows:
-            raise LeaseLost(lease.run_id, lease.epoch)
+        rows = await self._fenced("run_finalize_cancel", lease, {}, conn)
         return max(0.0, float(rows[0]["latency_s"]))
 
     async def record_events(
@@ -434,20 +415,9 @@ class RunStore:
                 raise ValidationError("data", "must be a JSON object")
             datas.append(bounds.json_text("data", self.redactor.json(dict(data)),
                                           bounds.MAX_EVENT_BYTES))
-        rows = await self._rows(
-            "run_event_record",
-            {
-                "id": lease.run_id,
-                "epoch": lease.epoch,
-                "worker": lease.worker,
-                "kinds": kinds,
-                "datas": datas,
-                "channel": EVENTS_CHANNEL,
-            },
-            conn,
-        )
-        if not rows:
-            raise LeaseLost(lease.run_id, lease.epoch)
+        rows = await self._fenced("run_event_record", lease, {
+            "kinds": kinds, "datas": datas, "channel": EVENTS_CHANNEL,
+        }, conn)
         return int(rows[0]["event_seq"])
 
     async def record_event(

@@ -59,10 +59,15 @@ class PoolSpec:
     pod_labels: dict[str, str] = field(default_factory=dict)
 
 
-def _int(spec: Mapping[str, Any], path: str, default: int, lo: int, hi: int) -> int:
+def _lookup(spec: Mapping[str, Any], path: str) -> Any:
     value: Any = spec
     for part in path.split("."):
         value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def _int(spec: Mapping[str, Any], path: str, default: int, lo: int, hi: int) -> int:
+    value = _lookup(spec, path)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -71,9 +76,7 @@ def _int(spec: Mapping[str, Any], path: str, default: int, lo: int, hi: int) -> 
 
 
 def _num(spec: Mapping[str, Any], path: str, default: float, lo: float, hi: float) -> float:
-    value: Any = spec
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
+    value = _lookup(spec, path)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
@@ -173,10 +176,7 @@ def _overrides(spec: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _optional_int(spec: Mapping[str, Any], path: str) -> int | None:
-    value: Any = spec
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, Mapping) else None
-    if value is None:
+    if _lookup(spec, path) is None:
         return None
     return _int(spec, path, 0, 0, 1_000_000)
 
