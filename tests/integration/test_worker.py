@@ -164,10 +164,14 @@ async def test_cancel_stops_a_running_tool_group(
     async with running_worker(db_url, script_agent, cancel_grace_s=5, tool_kill_grace_s=2):
         await until(lambda: _async(len(processes_with(f"sleep {marker}")) >= 3),
                     what="both sleeps to start")
+        asked = time.monotonic()
         await live_store.request_cancel(queued.run.id)
         run = await finished(live_store, queued.run.id)
-        assert processes_with(f"sleep {marker}") == []
+        latency = time.monotonic() - asked
+        assert processes_with(f"sleep {marker}") == []  # the sh and both sleeps
     assert (run.status, run.attempts) == ("cancelled", 1)
+    assert latency < 1.5  # well inside the 2 s kill grace: SIGTERM ended the group
+    print(f"cancel -> tool process group gone, run cancelled: {latency * 1000:.0f} ms")
 
 
 async def test_polling_alone_completes_runs(live_store: RunStore, db_url: str) -> None:
@@ -198,3 +202,47 @@ async def _has_event(store: RunStore, run_id: UUID, kind: str) -> bool:
 
 async def _async(value: Any) -> Any:
     return value
+
+
+async def test_behind_pgbouncer_settings_prepared_statements_off(
+    live_store: RunStore, db_url: str
+) -> None:
+    # Transaction-mode PgBouncer: no server-side prepared statements on the
+    # pooled connections, LISTEN through its own (session or direct) URL.
+    queued = [await live_store.enqueue("default", "acme", {"i": i}) for i in range(12)]
+    async with running_worker(db_url, agents.echo, prepared_statements=False,
+                              listen_database_url=db_url) as worker:
+        for q in queued:
+            assert (await finished(live_store, q.run.id)).status == "done"
+        # More than psycopg's 5 executions each, yet nothing prepared anywhere.
+        async with worker.store.pool.connection() as conn:
+            assert conn.prepare_threshold is None
+            prepared = await (await conn.execute(
+                "SELECT count(*) AS n FROM pg_prepared_statements")).fetchone()
+            assert prepared == {"n": 0}
+        assert worker._claim_conn is not None
+        assert worker._claim_conn.prepare_threshold is None
+        assert worker.listener is not None
+        assert worker.listener.url == db_url
+
+
+async def test_probes_and_metrics_of_a_worker(live_store: RunStore, db_url: str) -> None:
+    import httpx
+
+    from runlease.db.embedded import free_port
+
+    port = free_port()
+    queued = await live_store.enqueue("default", "acme", {})
+    async with running_worker(db_url, agents.echo, metrics_port=port,
+                              metrics_host="127.0.0.1") as worker:
+        await finished(live_store, queued.run.id)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            assert (await http.get("/healthz")).status_code == 200
+            assert (await http.get("/readyz")).status_code == 200
+            text = (await http.get("/metrics")).text
+            assert 'runlease_runs_claimed_total{pool="default"}' in text
+            assert 'runlease_runs_finished_total{outcome="done",pool="default"}' in text
+            worker.draining = True  # what SIGTERM sets first: not ready any more
+            ready = await http.get("/readyz")
+            assert (ready.status_code, ready.text.strip()) == (503, "draining")
+            worker.draining = False

@@ -89,6 +89,9 @@ def build_deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> di
         container["resources"] = spec.resources
     pod: dict[str, Any] = {
         "containers": [container],
+        # The pod's pause process becomes PID 1 and reaps the orphans of
+        # killed tool process groups, which the worker itself cannot.
+        "shareProcessNamespace": True,
         # Above the worker's drain grace: runs finish or are released before SIGKILL.
         "terminationGracePeriodSeconds": spec.termination_grace_s,
     }

@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runlease.worker.errors import RunCancelled, ToolTimeout
@@ -39,13 +40,30 @@ class ToolResult:
 
 
 def group_alive(pgid: int) -> bool:
+    """Is any process of the group still running? Zombies do not count: a
+    killed tool's children are reparented to PID 1, which may reap them late
+    (or never, in a container without an init), and waiting for a zombie to
+    disappear would only spend the grace for nothing."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields: state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 async def terminate_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
