@@ -4,6 +4,7 @@ heartbeats are HOT updates."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import time
 from importlib import resources
@@ -111,6 +112,46 @@ def test_claim_uses_the_partial_index_beside_200k_finished_runs(db_url: str, lim
     for plan in candidate_plans:
         assert "Index Scan using agent_runs_claim_idx" in plan
     assert not any("Seq Scan on agent_runs " in p for p in plans), plans
+
+
+@pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])
+async def test_fenced_writes_go_by_primary_key_among_many_leases(
+    live_store: RunStore, db_url: str, plan_mode: str
+) -> None:
+    # Statistics taken while nothing was leased make the partial index of
+    # leased runs look empty. A fenced write whose WHERE implies that index's
+    # predicate would then scan every leased run of the fleet for its one row.
+    store = live_store
+    await store.enqueue_many("default", [NewRun("acme", {"i": i}) for i in range(600)])
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE agent_runs")
+    leases = await store.claim("default", "w", 500)
+    await store.request_cancel(leases[7].run_id)
+    plans: list[str] = []
+    async with store.connection() as conn:
+        await conn.execute(f"SET plan_cache_mode = {plan_mode}")
+        await conn.execute("LOAD 'auto_explain'")
+        for name, value in [("log_min_duration", "0"), ("log_nested_statements", "on"),
+                            ("log_level", "notice")]:
+            await conn.execute(f"SET auto_explain.{name} = {value}")
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        await store.heartbeat("w", [(lease.run_id, lease.epoch) for lease in leases[:3]],
+                              conn=conn)
+        await store.record_event(leases[0], "note", {}, conn=conn)
+        await store.record_step(leases[0], "k", 1, conn=conn)
+        await store.ack(leases[0], conn=conn)
+        await store.ack_many([(lease, None) for lease in leases[1:3]], conn=conn)
+        await store.nack(leases[3], "flaky", "x", conn=conn)
+        await store.fail(leases[4], "broken", "x", conn=conn)
+        await store.release("w", [(leases[5].run_id, leases[5].epoch)], conn=conn)
+        await store.finalize_cancel(leases[7], conn=conn)
+    # The statements' own reads of agent_runs (the foreign-key checks of event
+    # and step inserts are alias x, by primary key by construction).
+    writes = [p for p in plans if re.search(r"on agent_runs r\b", p)]
+    assert len(writes) >= 9, plans
+    for plan in writes:
+        assert "agent_runs_leased_idx" not in plan, plan
+        assert "Index Scan using agent_runs_pkey on agent_runs r" in plan, plan
 
 
 async def test_heartbeat_renewals_are_hot_updates(live_store: RunStore, db_url: str) -> None:

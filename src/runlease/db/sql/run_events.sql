@@ -14,7 +14,7 @@ WITH clock AS (
      WHERE r.id = %(id)s
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
-       AND r.status = 'leased'
+       AND (r.status = 'leased') IS TRUE
     RETURNING r.id, r.event_seq
 ), ins AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)

@@ -11,7 +11,7 @@ WITH fence AS (
      WHERE r.id = %(id)s
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
-       AND r.status = 'leased'
+       AND (r.status = 'leased') IS TRUE
        FOR SHARE
 ), ins AS (
     INSERT INTO agent_run_steps (run_id, step_key, result, lease_epoch, attempt, created_at)

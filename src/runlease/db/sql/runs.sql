@@ -3,6 +3,12 @@
 -- Every statement takes %(now)s: NULL in production, so the server's now() is
 -- the clock; tests pass an instant to move time without sleeping.
 -- Worker writes carry the fencing triple (locked_by, lease_epoch, 'leased').
+-- The status test is written `(r.status = 'leased') IS TRUE` (the same for a
+-- NOT NULL column): the planner cannot prove from it the predicate of
+-- agent_runs_leased_idx, so it cannot choose that index. Statistics taken
+-- when few runs were leased make that index look nearly empty and, with the
+-- plain form, every fenced write scanned all the fleet's leased runs for its
+-- one row instead of going by primary key (test_schema.py proves the plans).
 
 
 -- name: run_enqueue
@@ -99,7 +105,7 @@ UPDATE agent_runs r
    AND r.id = h.id
    AND r.lease_epoch = h.epoch
    AND r.locked_by = %(worker)s
-   AND r.status = 'leased'
+   AND (r.status = 'leased') IS TRUE
    AND p.name = r.pool
 RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested;
 
@@ -118,7 +124,7 @@ UPDATE agent_runs r
  WHERE r.id = ANY (%(ids)s::uuid[])
    AND r.lease_epoch = (%(epochs)s::bigint[])[array_position(%(ids)s::uuid[], r.id)]
    AND r.locked_by = %(worker)s
-   AND r.status = 'leased'
+   AND (r.status = 'leased') IS TRUE
 RETURNING r.id;
 
 
@@ -149,7 +155,7 @@ WITH clock AS (
      WHERE r.id = %(id)s
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
-       AND r.status = 'leased'
+       AND (r.status = 'leased') IS TRUE
     RETURNING r.id, r.status, r.attempts, r.max_attempts, r.available_at, r.event_seq,
               r.error_code, r.error_message
 ), ev AS (
@@ -179,7 +185,7 @@ WITH clock AS (
      WHERE r.id = %(id)s
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
-       AND r.status = 'leased'
+       AND (r.status = 'leased') IS TRUE
     RETURNING r.id, r.status, r.attempts, r.event_seq, r.error_code, r.error_message
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -210,7 +216,7 @@ WITH clock AS (
        AND r.id = h.id
        AND r.lease_epoch = h.epoch
        AND r.locked_by = %(worker)s
-       AND r.status = 'leased'
+       AND (r.status = 'leased') IS TRUE
     RETURNING r.id, r.pool, r.status, r.attempts, r.event_seq
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -266,7 +272,7 @@ WITH clock AS (
      WHERE r.id = %(id)s
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
-       AND r.status = 'leased'
+       AND (r.status = 'leased') IS TRUE
        AND r.cancel_requested_at IS NOT NULL
     RETURNING r.id, r.event_seq, r.attempts, r.cancel_requested_at
 ), ev AS (
