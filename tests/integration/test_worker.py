@@ -3,6 +3,7 @@ steps, cancellation, polling without LISTEN."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -10,10 +11,12 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import pytest
 
 from runlease.db.models import Run
-from runlease.db.store import RunStore
+from runlease.db.store import NewRun, RunStore
+from runlease.worker.acker import Acker
 from runlease.worker.worker import Worker
 from tests.support import agents
 from tests.support.proc import processes_with
@@ -246,3 +249,32 @@ async def test_probes_and_metrics_of_a_worker(live_store: RunStore, db_url: str)
             ready = await http.get("/readyz")
             assert (ready.status_code, ready.text.strip()) == (503, "draining")
             worker.draining = False
+
+
+async def test_acks_go_on_after_an_outage_met_an_ack_its_lost_lease_settled(
+    live_store: RunStore, db_url: str
+) -> None:
+    # Worker._ack settles an ack as not done when the run's lease is lost or
+    # fenced; the acker, retrying through an outage meanwhile, must give that
+    # ack up without touching its settled future, and go on acking the others.
+    store = live_store
+    await store.enqueue_many("default", [NewRun("acme", {"i": i}) for i in range(2)])
+    first, second = await store.claim("default", "w", 2)
+    acker = Acker(store, pool="default")
+    acker.start()
+    try:
+        with psycopg.connect(db_url, autocommit=True, application_name="test") as conn:
+            terminated = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = 'runlease'"
+            ).fetchone()
+        assert terminated is not None
+        assert terminated[0] >= 1  # the pool's connections
+        settled = acker.submit(first, None)
+        settled.set_result(False)  # what a lost lease does
+        acked = acker.submit(second, None)
+        assert await asyncio.wait_for(acked, 10) is True
+    finally:
+        await acker.stop()
+    assert (await store.get(second.run_id)).status == "done"
+    assert (await store.get(first.run_id)).status == "leased"  # nothing written for it

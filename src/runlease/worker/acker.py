@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from runlease import metrics
@@ -30,18 +29,17 @@ class Acker(Service):
         self.store = store
         self.pool = pool
         self.max_batch = max_batch
-        self._queue: asyncio.Queue[tuple[Lease, Any, float, asyncio.Future[bool]]] = (
+        self._queue: asyncio.Queue[tuple[Lease, Any, asyncio.Future[bool]]] = (
             asyncio.Queue())
 
-    def submit(self, lease: Lease, result: Any, fence_at: float) -> asyncio.Future[bool]:
+    def submit(self, lease: Lease, result: Any) -> asyncio.Future[bool]:
         """Queue an ack; the future says True once acked, False if the lease was
-        lost (or fenced) first."""
+        lost first. Whoever holds the run gives an ack up by settling the
+        future False (Worker._ack does, when the run's lease is lost or fenced):
+        a settled ack is dropped, never retried."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((lease, result, fence_at, done))
+        self._queue.put_nowait((lease, result, done))
         return done
-
-    async def ack(self, lease: Lease, result: Any, fence_at: float) -> bool:
-        return await self.submit(lease, result, fence_at)
 
     async def _main(self) -> None:
         while True:
@@ -50,17 +48,12 @@ class Acker(Service):
                 batch.append(self._queue.get_nowait())
             await self._flush(batch)
 
-    async def _flush(self, batch: list[tuple[Lease, Any, float, asyncio.Future[bool]]]) -> None:
+    async def _flush(self, batch: list[tuple[Lease, Any, asyncio.Future[bool]]]) -> None:
         delay = 0.05
-        while batch:
+        while batch := [item for item in batch if not item[2].done()]:
             try:
-                lost = await self.store.ack_many([(lease, result) for lease, result, _, _ in batch])
+                lost = await self.store.ack_many([(lease, result) for lease, result, _ in batch])
             except DatabaseUnavailable as exc:
-                now = time.monotonic()
-                expired = [item for item in batch if now >= item[2]]
-                for item in expired:
-                    item[3].set_result(False)
-                batch = [item for item in batch if now < item[2]]
                 log.warning("ack_retry runs=%d error=%s", len(batch), exc)
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
@@ -72,7 +65,7 @@ class Acker(Service):
                 return
             if lost:
                 metrics.STALE_WRITES.labels(self.pool).inc(len(lost))
-            for lease, _, _, done in batch:
+            for lease, _, done in batch:
                 if not done.done():
                     done.set_result(lease.run_id not in lost)
             return

@@ -262,7 +262,7 @@ class Worker:
 
     async def _ack(self, lease: Lease, result: Any) -> bool:
         handle = self.runs[lease.run_id]
-        done = self.acker.submit(lease, result, handle.fence_at)
+        done = self.acker.submit(lease, result)
         # A lost lease settles the ack at once: it must not wait on a batch
         # stuck behind a dead socket.
         def settle(_: object) -> None:
