@@ -120,6 +120,11 @@ def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str
         ({"imagePullPolicy": "Sometimes"}, "spec.imagePullPolicy"),
         ({"tenants": {"overrides": [{"tenant": "a", "maxInFlight": 1},
                                     {"tenant": "a", "maxInFlight": 2}]}}, "twice"),
+        # What the store would refuse is refused here, not retried forever.
+        ({"tenants": {"overrides": [{"tenant": "team a", "maxInFlight": 1}]}},
+         r"overrides\[\]\.tenant"),
+        ({"tenants": {"overrides": [{"tenant": "a", "maxInFlight": 2_000_000}]}},
+         r"overrides\[a\]\.maxInFlight"),
     ],
 )
 def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str) -> None:

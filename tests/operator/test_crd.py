@@ -89,6 +89,8 @@ INVALID = [
     ("negative min", lambda s: s["replicas"].update(min=-1)),
     ("max attempts 0", lambda s: s.update(maxAttempts=0)),
     ("pool with capitals", lambda s: s.update(pool="Batch")),
+    ("override tenant with a space",
+     lambda s: s["tenants"]["overrides"][0].update(tenant="team a")),
     ("override without limit", lambda s: s["tenants"]["overrides"][0].pop("maxInFlight")),
     ("node selector not strings", lambda s: s.update(nodeSelector={"a": 1})),
     ("lease too short", lambda s: s["lease"].update(durationSeconds=1)),

@@ -8,12 +8,15 @@ nothing) and fills the defaults, so builders get a complete, typed spec.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from runlease.core import bounds
 from runlease.errors import ValidationError
+
+T = TypeVar("T")
 
 AGENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -116,12 +119,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     agent = spec.get("agent")
     if not isinstance(agent, str) or not AGENT_RE.match(agent):
         raise InvalidSpec(f"spec.agent must look like module:callable, got {agent!r}")
-    pool = spec.get("pool") or name
-    try:
-        bounds.check_pool(pool)
-    except ValidationError as exc:
-        where = "spec.pool" if spec.get("pool") else "metadata.name (the default pool name)"
-        raise InvalidSpec(f"{where}: {exc.message}") from None
+    pool = _bounded("spec.pool" if spec.get("pool") else "metadata.name (the default pool name)",
+                    bounds.check_pool, spec.get("pool") or name)
     secret = _mapping(_mapping(spec, "database"), "secretKeyRef")
     if not isinstance(secret.get("name"), str) or not secret["name"]:
         raise InvalidSpec("spec.database.secretKeyRef.name is required")
@@ -162,23 +161,31 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
 
 
 def _overrides(spec: Mapping[str, Any]) -> dict[str, int]:
+    # Checked by the same bounds the store applies: a value the store would
+    # refuse is an invalid spec, not a write to retry forever.
     overrides: dict[str, int] = {}
     for item in _list(_mapping(spec, "tenants"), "overrides"):
-        tenant, limit = item.get("tenant"), item.get("maxInFlight")
-        if not isinstance(tenant, str) or not tenant:
-            raise InvalidSpec("spec.tenants.overrides[].tenant is required")
+        tenant = _bounded("spec.tenants.overrides[].tenant", bounds.check_tenant,
+                          item.get("tenant"))
         if tenant in overrides:
             raise InvalidSpec(f"spec.tenants.overrides names tenant {tenant!r} twice")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InvalidSpec(f"spec.tenants.overrides[{tenant}].maxInFlight must be >= 0")
-        overrides[tenant] = limit
+        overrides[tenant] = _bounded(f"spec.tenants.overrides[{tenant}].maxInFlight",
+                                     partial(bounds.check_max_in_flight, "maxInFlight"),
+                                     item.get("maxInFlight"))
     return overrides
+
+
+def _bounded(where: str, check: Callable[[object], T], value: object) -> T:
+    try:
+        return check(value)
+    except ValidationError as exc:
+        raise InvalidSpec(f"{where}: {exc.message}") from None
 
 
 def _optional_int(spec: Mapping[str, Any], path: str) -> int | None:
     if _lookup(spec, path) is None:
         return None
-    return _int(spec, path, 0, 0, 1_000_000)
+    return _int(spec, path, 0, 0, bounds.MAX_IN_FLIGHT_MAX)
 
 
 def _check_relations(parsed: PoolSpec) -> None:
