@@ -35,13 +35,14 @@ MERGE = {"Content-Type": "application/merge-patch+json"}
 
 async def eventually(check: Callable[[], Any], wait_s: float = 10.0,
                      interval: float = 0.05) -> Any:
-    """Retry a check (asserting, or returning something truthy) until it passes."""
+    """Retry a check until it returns something truthy (None is not: a
+    `.get()` of a field not there yet must keep waiting)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     while True:
         try:
             result = check()
-            if result is None or result:
+            if result:
                 return result
             error: Exception = AssertionError(f"check returned {result!r}")
         except (AssertionError, KeyError, ValueError, IndexError, TypeError,
@@ -137,7 +138,10 @@ async def running_operator(kmock: Any, db_url: str | None = None,
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
         stop.set()
         await waiter
-        done, _ = await asyncio.wait({task}, timeout=2)
+        # A graceful stop, as on SIGTERM: kopf gives a worker in a retry delay
+        # its queueing.exit_timeout (2 s) and then cleans up; cancelling it
+        # before then left services running and the thread hanging, now and then.
+        done, _ = await asyncio.wait({task}, timeout=10)
         if not done:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
