@@ -202,10 +202,7 @@ async def put_pool(
     body: PoolIn, who: Admin, store: Store,
 ) -> PoolOut:
     """Create or update a pool; its tenant limits become exactly those given (admin)."""
-    async with store.connection() as conn, conn.transaction():
-        pool = await store.upsert_pool(Pool(pool_name, body.max_attempts, body.lease_s,
-                                            body.default_max_in_flight,
-                                            body.priority_aging_s), conn=conn)
-        await store.replace_tenant_limits(pool_name, body.tenant_limits, conn=conn)
-        limits = await store.tenant_limits(pool_name, conn=conn)
-    return PoolOut.of(pool, limits)
+    pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
+                                     body.default_max_in_flight, body.priority_aging_s),
+                                body.tenant_limits)
+    return PoolOut.of(pool, await store.tenant_limits(pool_name))

@@ -593,6 +593,16 @@ class RunStore:
             conn,
         )
 
+    async def put_pool(
+        self, pool: Pool, limits: Mapping[str, int], *, conn: Conn | None = None
+    ) -> Pool:
+        """Create or update a pool and make its tenant overrides exactly
+        `limits`, in one transaction (the API's PUT and the operator)."""
+        async with self.connection(conn) as c, c.transaction():
+            stored = await self.upsert_pool(pool, conn=c)
+            await self.replace_tenant_limits(pool.name, limits, conn=c)
+        return stored
+
     async def set_tenant_limit(
         self, pool: str, tenant_id: str, max_in_flight: int | None, *, conn: Conn | None = None
     ) -> None:

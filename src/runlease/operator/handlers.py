@@ -106,11 +106,9 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo,
     meta = body["metadata"]
     spec = parse(meta["name"], meta["namespace"], body.get("spec") or {})
     db = await memo.dbs.for_pool(memo.k8s, spec)
-    async with db.store.connection() as conn, conn.transaction():
-        await db.store.upsert_pool(Pool(spec.pool, spec.max_attempts, spec.lease_s,
-                                        spec.default_max_in_flight, spec.priority_aging_s),
-                                   conn=conn)
-        await db.store.replace_tenant_limits(spec.pool, spec.tenant_overrides, conn=conn)
+    await db.store.put_pool(Pool(spec.pool, spec.max_attempts, spec.lease_s,
+                                 spec.default_max_in_flight, spec.priority_aging_s),
+                            spec.tenant_overrides)
     if replicas is None:
         existing = await memo.k8s.deployment(spec.namespace, build.names(spec)["deployment"])
         if existing is not None:
