@@ -33,10 +33,9 @@ def setting(
     minimum: float | None = None,
     maximum: float | None = None,
     env: tuple[str, ...] = (),
-    flag: bool = False,
 ) -> Any:
     """Declare one setting. `env` adds environment names besides RUNLEASE_<NAME>."""
-    meta = {"help": help, "minimum": minimum, "maximum": maximum, "env": env, "flag": flag}
+    meta = {"help": help, "minimum": minimum, "maximum": maximum, "env": env}
     if default is MISSING:
         return field(metadata=meta)
     if isinstance(default, list | dict | set):
@@ -205,11 +204,10 @@ class WorkerSettings:
         None, "Separate URL for the LISTEN session (a direct or session-mode PgBouncer "
               "URL when database_url goes through PgBouncer in transaction mode); "
               "defaults to database_url.")
-    listen: bool = setting(True, "Wake on NOTIFY; with --no-listen the worker only polls.",
-                           flag=True)
+    listen: bool = setting(True, "Wake on NOTIFY; with --no-listen the worker only polls.")
     prepared_statements: bool = setting(
         True, "Server-side prepared statements on pooled connections; turn off behind "
-              "PgBouncer in transaction mode.", flag=True)
+              "PgBouncer in transaction mode.")
     pool: str = setting("default", "The pool whose runs this worker claims.")
     concurrency: int = setting(10, "Runs executed at once (slots).", minimum=1, maximum=10_000)
     claim_batch: int | None = setting(
@@ -236,7 +234,7 @@ class WorkerSettings:
         25.0, "On SIGTERM, how long running runs may finish before they are cancelled and "
               "released; keep it below the pod's terminationGracePeriodSeconds.", minimum=0)
     reaper: bool = setting(True, "Take part in the leader election that runs the reaper "
-                                 "and retention.", flag=True)
+                                 "and retention.")
     reaper_interval_s: float = setting(5.0, "Seconds between reaper passes of the leader.",
                                        minimum=0.05)
     leader_ttl_s: float = setting(
@@ -247,7 +245,7 @@ class WorkerSettings:
     metrics_port: int = setting(9464, "Port of /metrics, /healthz and /readyz; 0 turns it off.",
                                 minimum=0, maximum=65535)
     metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")
-    log_json: bool = setting(False, "Log one JSON object per line.", flag=True)
+    log_json: bool = setting(False, "Log one JSON object per line.")
     redact_patterns: tuple[str, ...] = setting(
         (), "Extra regular expressions whose matches are redacted from stored error "
             "messages and events (comma-separated in the environment).")
@@ -298,7 +296,7 @@ class ApiSettings:
     listen_database_url: str | None = setting(
         None, "Separate URL for the LISTEN session that follows event streams; defaults "
               "to database_url.")
-    prepared_statements: bool = setting(True, "Server-side prepared statements.", flag=True)
+    prepared_statements: bool = setting(True, "Server-side prepared statements.")
     host: str = setting("127.0.0.1", "Address to listen on.")
     port: int = setting(8080, "Port to listen on.", minimum=0, maximum=65535)
     tokens: str | None = setting(
@@ -324,7 +322,7 @@ class ApiSettings:
                                            "event stream.", minimum=0.1)
     sse_poll_s: float = setting(1.0, "Event streams also poll this often, in case a "
                                      "NOTIFY is lost.", minimum=0.05)
-    log_json: bool = setting(False, "Log one JSON object per line.", flag=True)
+    log_json: bool = setting(False, "Log one JSON object per line.")
 
     def check(self) -> None:
         if self.max_input_bytes > self.max_request_bytes:
@@ -341,11 +339,10 @@ class OperatorSettings:
               "through a Secret.", env=("DATABASE_URL",))
     namespaces: tuple[str, ...] = setting(
         (), "Namespaces to watch (comma-separated); see --all-namespaces.")
-    all_namespaces: bool = setting(False, "Watch every namespace (cluster-wide).", flag=True)
+    all_namespaces: bool = setting(False, "Watch every namespace (cluster-wide).")
     standalone: bool = setting(
         False, "Run without kopf peering (a single replica, or tests). With peering, "
-               "replicas elect one active operator by priority; the others stand by.",
-        flag=True)
+               "replicas elect one active operator by priority; the others stand by.")
     peering_name: str = setting("runlease", "The kopf peering object replicas share.")
     priority: int | None = setting(
         None, "This replica's peering priority; random when unset, so replicas differ.",
@@ -355,7 +352,7 @@ class OperatorSettings:
     lease_window_s: float = setting(300.0, "The window of the lease-health condition: "
                                            "expiries in the last this many seconds.",
                                     minimum=1)
-    reaper: bool = setting(True, "Take part in the reaper's leader election.", flag=True)
+    reaper: bool = setting(True, "Take part in the reaper's leader election.")
     reaper_interval_s: float = setting(5.0, "Seconds between reaper passes of the leader.",
                                        minimum=0.05)
     leader_ttl_s: float = setting(15.0, "Leadership lapses this long after the last "
@@ -365,7 +362,7 @@ class OperatorSettings:
     metrics_port: int = setting(9465, "Port of /metrics, /healthz and /readyz; 0 turns it "
                                       "off.", minimum=0, maximum=65535)
     metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")
-    log_json: bool = setting(False, "Log one JSON object per line.", flag=True)
+    log_json: bool = setting(False, "Log one JSON object per line.")
 
     def check(self) -> None:
         if self.all_namespaces and self.namespaces:

@@ -61,4 +61,5 @@ class ErrorCode(StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     RETRYABLE = "retryable"
     FATAL = "fatal"
+    TOOL_TIMEOUT = "tool_timeout"
     UNEXPECTED = "unexpected"

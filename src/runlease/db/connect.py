@@ -22,7 +22,7 @@ PREPARE_THRESHOLD = 5
 # A cut network must surface as an error within seconds, not after the
 # kernel's 15-minute retransmission timeout: a worker that cannot renew must
 # know it, and a LISTEN session must reconnect.
-KEEPALIVES: dict[str, Any] = {
+_KEEPALIVES: dict[str, Any] = {
     "keepalives": 1,
     "keepalives_idle": 5,
     "keepalives_interval": 2,
@@ -38,7 +38,7 @@ def _kwargs(prepare: bool, application_name: str) -> dict[str, object]:
         "row_factory": dict_row,
         "prepare_threshold": PREPARE_THRESHOLD if prepare else None,
         "application_name": application_name,
-        **KEEPALIVES,
+        **_KEEPALIVES,
     }
 
 

@@ -21,8 +21,8 @@ def _names(cls: type[Any]) -> tuple[str, ...]:
 
 def _pick(cls: type[Any], row: dict[str, Any]) -> dict[str, Any]:
     # Rows may carry more columns than the dataclass (a newer schema, or
-    # statement extras such as `inserted`); take the ones we know. This runs
-    # for every claimed run, hence the cached field names.
+    # statement extras such as `inserted`); take the ones we know. Field
+    # names are cached: every row of a listing passes here.
     return {name: row[name] for name in _names(cls) if name in row}
 
 

@@ -11,7 +11,6 @@ in `runlease dev` and in tests, with no Kubernetes API involved.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from runlease import metrics
 from runlease.clock import Clock, SystemClock
@@ -31,7 +30,6 @@ class LeaderElector(PeriodicService):
         role: str = "reaper",
         ttl_s: float = 15.0,
         clock: Clock | None = None,
-        on_change: Callable[[bool], None] | None = None,
     ) -> None:
         super().__init__(ttl_s / 3)
         self.name = f"leader-{role}"
@@ -40,7 +38,6 @@ class LeaderElector(PeriodicService):
         self.role = role
         self.ttl_s = ttl_s
         self.clock = clock or SystemClock()
-        self.on_change = on_change
         self.term: int | None = None
         self._valid_until = 0.0
 
@@ -74,8 +71,6 @@ class LeaderElector(PeriodicService):
         metrics.LEADER.labels(self.role).set(1 if now else 0)
         if now != was:
             metrics.LEADER_CHANGES.labels(self.role, "gained" if now else "lost").inc()
-            if self.on_change:
-                self.on_change(now)
 
     async def on_stop(self) -> None:
         await self.resign()

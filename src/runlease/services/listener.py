@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable, Mapping
 
 import psycopg
 from psycopg import sql
 
-from runlease.db.connect import KEEPALIVES
-from runlease.services.loop import Service, sleep
+from runlease.db.connect import Conn, connect
+from runlease.services.loop import Service, jittered, sleep
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +43,15 @@ class Listener(Service):
         self.backoff_max_s = backoff_max_s
         self.probe_s = probe_s
         self.application_name = application_name
-        self.connected = asyncio.Event()
-        self.reconnects = 0
 
     async def _main(self) -> None:
         delay = 0.05
         while not self.stopping.is_set():
             try:
-                async with await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, application_name=self.application_name,
-                    **KEEPALIVES,
-                ) as conn:
+                async with await connect(self.url, prepare=False,
+                                         application_name=self.application_name) as conn:
                     for channel in self.handlers:
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    self.connected.set()
                     delay = 0.05
                     log.info("listener_connected channels=%s", ",".join(self.handlers))
                     if self.on_connect:
@@ -70,14 +64,11 @@ class Listener(Service):
                     break
                 log.warning("listener_disconnected error=%s retry_in_s=%.2f",
                             str(exc).strip() or type(exc).__name__, delay)
-            finally:
-                self.connected.clear()
-            if await sleep(delay * random.uniform(0.5, 1.5), self.stopping):
+            if await sleep(jittered(delay, 0.5), self.stopping):
                 break
-            self.reconnects += 1
             delay = min(self.backoff_max_s, delay * 2)
 
-    async def _dispatch(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+    async def _dispatch(self, conn: Conn) -> None:
         # notifies() with a timeout returns now and then, so stop() is seen
         # and an idle session is probed: a cut network shows up as an error
         # here (with TCP keepalives and tcp_user_timeout set on the URL).

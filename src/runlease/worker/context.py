@@ -45,7 +45,6 @@ class RunContext:
         lease: Lease,
         store: RunStore,
         *,
-        steps: Mapping[str, Step] | None = None,
         cancel: asyncio.Event,
         tools: ToolRunner,
         started: float | None = None,
@@ -54,8 +53,7 @@ class RunContext:
         self.store = store
         # Loaded on the first step(); a first lease (epoch 1) has none to load:
         # nothing ran before it. (A release or redrive keeps the epoch growing.)
-        self._steps: dict[str, Step] | None = (
-            dict(steps) if steps is not None else ({} if lease.epoch == 1 else None))
+        self._steps: dict[str, Step] | None = {} if lease.epoch == 1 else None
         self._cancel = cancel
         self._tools = tools
         self._started = time.monotonic() if started is None else started
@@ -65,6 +63,7 @@ class RunContext:
         self.http = CancellableHttp(cancel)
         self._write_lock = asyncio.Lock()
         self._deltas: list[str] = []
+        self._delta_chars = 0
         self._delta_kind = "message.delta"
         self._delta_flush: asyncio.Task[None] | None = None
         self._flush_error: Exception | None = None
@@ -160,7 +159,8 @@ class RunContext:
             await self.flush()
         self._delta_kind = kind
         self._deltas.append(text)
-        if sum(len(t) for t in self._deltas) >= DELTA_FLUSH_CHARS:
+        self._delta_chars += len(text)
+        if self._delta_chars >= DELTA_FLUSH_CHARS:
             await self.flush()
         elif self._delta_flush is None:
             self._delta_flush = asyncio.create_task(self._flush_later(), name="delta-flush")
@@ -186,7 +186,7 @@ class RunContext:
         self._raise_flush_error()
         if not self._deltas:
             return
-        text, self._deltas = "".join(self._deltas), []
+        text, self._deltas, self._delta_chars = "".join(self._deltas), [], 0
         # One event holds at most DELTA_EVENT_CHARS, well under the event bound.
         events = [(self._delta_kind, {"text": text[i:i + DELTA_EVENT_CHARS]})
                   for i in range(0, len(text), DELTA_EVENT_CHARS)]

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from runlease.core.states import ErrorCode
 from runlease.errors import RunleaseError
 
 
@@ -19,7 +20,7 @@ class RetryableError(RunleaseError):
     `retry_after_s` (a 429's Retry-After, say) delays the next attempt at
     least that long; the backoff applies when it is longer."""
 
-    default_code = "retryable"
+    default_code: str = ErrorCode.RETRYABLE.value
 
     def __init__(self, message: str, *, code: str | None = None,
                  retry_after_s: float | None = None) -> None:
@@ -31,7 +32,7 @@ class RetryableError(RunleaseError):
 class FatalError(RunleaseError):
     """A failure no retry will fix (bad input, a refused request)."""
 
-    default_code = "fatal"
+    default_code: str = ErrorCode.FATAL.value
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
@@ -39,11 +40,11 @@ class FatalError(RunleaseError):
 
 
 class BudgetExceeded(FatalError):
-    default_code = "budget_exceeded"
+    default_code = ErrorCode.BUDGET_EXCEEDED.value
 
 
 class ToolTimeout(RetryableError):
-    default_code = "tool_timeout"
+    default_code = ErrorCode.TOOL_TIMEOUT.value
 
 
 class RunCancelled(RunleaseError):

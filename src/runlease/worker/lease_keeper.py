@@ -20,7 +20,6 @@ from runlease import metrics
 from runlease.db.connect import Conn, connect
 from runlease.db.models import HeartbeatResult
 from runlease.db.store import RunStore
-from runlease.errors import RunleaseError
 from runlease.services.loop import Service, sleep
 from runlease.worker.runner import RunHandle, StopReason
 
@@ -55,7 +54,6 @@ class LeaseKeeper(Service):
         self.on_lost = on_lost
         self._conn: Conn | None = None
         self.last_loop = time.monotonic()  # for /healthz
-        self.last_ok: float | None = None
         self.wakeup = asyncio.Event()
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -119,7 +117,6 @@ class LeaseKeeper(Service):
         error: BaseException | None
         if not done:
             call.cancel()
-            self._abandon()
             error = TimeoutError(f"no answer in {budget:.1f} s")
         else:
             error = call.exception()
@@ -131,7 +128,6 @@ class LeaseKeeper(Service):
             return False
         result = call.result()
         metrics.HEARTBEATS.labels(self.pool, "ok").inc()
-        self.last_ok = time.monotonic()
         for run_id in result.held:
             held[run_id].renewed(sent)
         for run_id in result.lost:
@@ -160,9 +156,9 @@ class LeaseKeeper(Service):
             task.add_done_callback(self._closing.discard)
 
     @staticmethod
-    async def _close_quietly(conn: Conn) -> None:
+    async def _close_quietly(conn: Conn, timeout_s: float = 5.0) -> None:
         try:
-            await asyncio.wait_for(conn.close(), 5)
+            await asyncio.wait_for(conn.close(), timeout_s)
         except Exception:  # a broken socket may raise anything
             log.debug("heartbeat_connection_close_failed", exc_info=True)
 
@@ -175,9 +171,4 @@ class LeaseKeeper(Service):
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
-                await asyncio.wait_for(conn.close(), 1.0)
-            except (TimeoutError, OSError, RunleaseError):
-                pass
-            except Exception:  # a broken socket may raise anything
-                log.debug("heartbeat_connection_close_failed", exc_info=True)
+            await self._close_quietly(conn, 1.0)

@@ -29,7 +29,7 @@ from typing import Any
 
 from runlease import metrics
 from runlease.core.bounds import RETRY_AFTER_MAX_S
-from runlease.core.states import RunStatus
+from runlease.core.states import ErrorCode, RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
 from runlease.errors import DatabaseUnavailable, LeaseLost
@@ -73,7 +73,6 @@ class RunHandle:
         self.cancel_grace_s = cancel_grace_s
         self.tools = ToolRunner(self.cancel, kill_grace_s)
         self.reason: StopReason | None = None
-        self.cancel_requested_at: float | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = asyncio.Event()
         # Resolved when the lease is lost or self-fenced: whatever waits on the
@@ -104,7 +103,6 @@ class RunHandle:
         if self.cancel.is_set() or self.reason is not None:
             return
         self.reason = StopReason.CANCEL
-        self.cancel_requested_at = time.monotonic()
         self.cancel.set()
         metrics.CANCELS.labels(self.pool).inc()
         log.info("run_cancel_requested run_id=%s", self.run_id)
@@ -143,12 +141,10 @@ class Runner:
         agent: Agent,
         *,
         ack: Acker,
-        on_lease_lost: Callable[[RunHandle], None],
     ) -> None:
         self.store = store
         self.agent = agent
         self.ack = ack
-        self.on_lease_lost = on_lease_lost
 
     async def execute(self, handle: RunHandle) -> None:
         """Run the agent and write the outcome; never raises."""
@@ -175,10 +171,10 @@ class Runner:
                     run.tenant_id, run.attempts, outcome)
             handle.finished.set()
 
-    def _lost(self, handle: RunHandle) -> str:
+    @staticmethod
+    def _lost(handle: RunHandle) -> str:
         if handle.reason != StopReason.SELF_FENCED:
             handle.reason = StopReason.LEASE_LOST
-        self.on_lease_lost(handle)
         return handle.reason.value
 
     async def _execute(self, handle: RunHandle) -> str:
@@ -250,8 +246,8 @@ class Runner:
             return "cancelled"
         if reason == StopReason.DEADLINE or isinstance(error, BudgetExceeded):
             message = str(error) if error else "deadline exceeded"
-            await self._retry(handle, lambda: self.store.fail(lease, "budget_exceeded",
-                                                              message))
+            await self._retry(handle, lambda: self.store.fail(
+                lease, ErrorCode.BUDGET_EXCEEDED.value, message))
             return "dead"
         if error is None:
             if not await self.ack(lease, result):
@@ -266,7 +262,7 @@ class Runner:
             if error.retry_after_s is not None:
                 retry_after = min(max(0.0, error.retry_after_s), RETRY_AFTER_MAX_S)
         else:
-            code = "unexpected"
+            code = ErrorCode.UNEXPECTED.value
             message = "".join(traceback.format_exception_only(error)).strip()
             tb = traceback.extract_tb(error.__traceback__)[-3:]
             message += "\n" + "".join(traceback.format_list(tb))

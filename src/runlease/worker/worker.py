@@ -64,7 +64,6 @@ class Worker:
         self.handle_signals = handle_signals
         self.runs: dict[UUID, RunHandle] = {}
         self.draining = False
-        self.exit_code = 0
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._done = asyncio.Event()
@@ -83,8 +82,7 @@ class Worker:
         await pool.open(wait=False)
         self.store = RunStore(pool, redactor=Redactor(s.redact_patterns))
         self.acker = Acker(self.store, pool=s.pool)
-        self.runner = Runner(self.store, self.agent, ack=self._ack,
-                             on_lease_lost=lambda h: None)
+        self.runner = Runner(self.store, self.agent, ack=self._ack)
         self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.runs, pool=s.pool,
                                   lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
                                   prepare=s.prepared_statements, on_lost=self._lost)
@@ -119,7 +117,7 @@ class Worker:
         finally:
             await self._shutdown()
             await pool.close()
-        return self.exit_code
+        return 0
 
     async def _check_pool(self) -> None:
         delay = 0.2

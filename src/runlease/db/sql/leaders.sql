@@ -28,9 +28,3 @@ UPDATE runlease_leaders
    SET expires_at = coalesce(%(now)s::timestamptz, now()) - interval '1 microsecond'
  WHERE name = %(name)s AND leader_id = %(me)s AND term = %(term)s;
 
-
--- name: leader_get
-SELECT name, leader_id, term, elected_at, expires_at,
-       expires_at >= coalesce(%(now)s::timestamptz, now()) AS live
-  FROM runlease_leaders
- WHERE name = %(name)s;

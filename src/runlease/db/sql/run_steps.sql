@@ -21,10 +21,11 @@ WITH fence AS (
         ON CONFLICT (run_id, step_key) DO NOTHING
     RETURNING result
 )
-SELECT (SELECT count(*) FROM fence) AS fenced,
-       coalesce((SELECT result FROM ins),
+-- No row when the fence failed (the lease is gone).
+SELECT coalesce((SELECT result FROM ins),
                 (SELECT s.result FROM agent_run_steps s
-                  WHERE s.run_id = %(id)s AND s.step_key = %(key)s)) AS result;
+                  WHERE s.run_id = %(id)s AND s.step_key = %(key)s)) AS result
+  FROM fence;
 
 
 -- name: run_steps_get
