@@ -21,8 +21,9 @@ is the fencing token minted by every claim.
                attempts += 1, lease_epoch += 1, locked_by = worker, locked_until = now + lease
     heartbeat  leased & mine -> locked_until = now + lease
     ack        leased & mine -> done
-    nack       leased & mine -> pending at now + min(300, 5 * 2^(attempts-1)) s,
-               or dead when attempts >= max_attempts
+    nack       leased & mine -> pending at now + max(min(300, 5 * 2^(attempts-1)) s,
+               the failure's retry_after_s), or dead when attempts >= max_attempts,
+               or cancelled when a cancel was requested
     fail       leased & mine -> dead
     release    leased & mine -> pending now, attempts -= 1
     cancel     pending -> cancelled at once; leased -> cancel_requested_at, NOTIFY
