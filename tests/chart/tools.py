@@ -10,6 +10,7 @@ Standard library only: scripts/install-tools runs this file with any
 python3, before the project's virtualenv exists:
 
     python3 tests/chart/tools.py [BIN_DIR]
+    python3 tests/chart/tools.py --check [BIN_DIR]   # exit 0 if installed, else 1
 """
 
 from __future__ import annotations
@@ -78,7 +79,13 @@ def ensure_helm_kubectl(bin_dir: Path = BIN) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    bin_dir = Path(argv[1]).resolve() if len(argv) > 1 else BIN
+    args = argv[1:]
+    check = args[:1] == ["--check"]
+    if check:
+        args = args[1:]
+    bin_dir = Path(args[0]).resolve() if args else BIN
+    if check:
+        return 0 if installed(bin_dir) else 1
     was = installed(bin_dir)
     try:
         ensure_helm_kubectl(bin_dir)

@@ -169,12 +169,12 @@ def test_queue_gauges_of_a_tenant_that_left_are_removed() -> None:
 
     spec = parse("gauges", "ml", FULL | {"pool": "gauges-pool"})
     first = QueueStats({"acme": (3, 2, 1), "globex": (1, 1, 0)}, {"fatal": 2}, 4.0)
-    export(spec, Observed(1, 1, 1, 1, 1, first, 0), first)
+    export(spec, Observed(1, 1, 1, 1, first, 0))
     text = generate_latest().decode()
     assert 'runlease_queue_runs{pool="gauges-pool",status="pending",tenant="globex"} 1.0' in text
     assert 'runlease_dead_runs{error_code="fatal",pool="gauges-pool"} 2.0' in text
     second = QueueStats({"acme": (0, 0, 1)}, {}, 0.0)
-    export(spec, Observed(1, 1, 1, 1, 1, second, 0), second)
+    export(spec, Observed(1, 1, 1, 1, second, 0))
     text = generate_latest().decode()
     assert 'tenant="globex"' not in text
     assert 'error_code="fatal",pool="gauges-pool"' not in text

@@ -75,10 +75,6 @@ class Databases:
                                 f"has no key {spec.database_key!r}")
         return await self.for_url(base64.b64decode(encoded).decode())
 
-    @property
-    def leader(self) -> bool:
-        return any(d.elector is not None and d.elector.is_leader for d in self._by_url.values())
-
     async def close(self) -> None:
         for db in self._by_url.values():
             for service in (db.reaper, db.elector):

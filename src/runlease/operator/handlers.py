@@ -26,11 +26,12 @@ import kopf
 
 from runlease import metrics
 from runlease.db.models import Pool
+from runlease.db.store import QueueStats
 from runlease.errors import RunleaseError
 from runlease.operator import build
 from runlease.operator import status as st
 from runlease.operator.autoscale import decide, wanted
-from runlease.operator.databases import Database, Databases, SecretMissing
+from runlease.operator.databases import Databases, SecretMissing
 from runlease.operator.k8s import ApiError, Kubernetes
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer
@@ -72,7 +73,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         prefix="runlease.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="runlease.dev", key="last-handled-configuration")
-    settings.posting.level = logging.INFO
     info = credentials(settings, logger)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials (service account or KUBECONFIG)")
@@ -100,8 +100,17 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.k8s.close()
 
 
-async def apply_pool(body: dict[str, Any], memo: kopf.Memo,
-                     replicas: int | None = None) -> tuple[PoolSpec, Database]:
+def replicas_of(deployment: dict[str, Any]) -> int:
+    """The replicas a Deployment asks for (its spec, not its status)."""
+    return int((deployment.get("spec") or {}).get("replicas") or 0)
+
+
+def depth(stats: QueueStats) -> int:
+    """The runs that want a worker now: ready or leased."""
+    return stats.ready + stats.leased
+
+
+async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
     """Database rows, then manifests. Raises InvalidSpec for a bad spec."""
     meta = body["metadata"]
     spec = parse(meta["name"], meta["namespace"], body.get("spec") or {})
@@ -109,16 +118,14 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo,
     await db.store.put_pool(Pool(spec.pool, spec.max_attempts, spec.lease_s,
                                  spec.default_max_in_flight, spec.priority_aging_s),
                             spec.tenant_overrides)
-    if replicas is None:
-        existing = await memo.k8s.deployment(spec.namespace, build.names(spec)["deployment"])
-        if existing is not None:
-            replicas = int(existing.get("spec", {}).get("replicas") or 0)
-        else:
-            stats = await db.store.queue_stats(spec.pool)
-            replicas = wanted(spec, stats.ready + stats.leased)
+    existing = await memo.k8s.deployment(spec.namespace, build.names(spec)["deployment"])
+    if existing is not None:
+        replicas = replicas_of(existing)
+    else:
+        replicas = wanted(spec, depth(await db.store.queue_stats(spec.pool)))
     for manifest in build.build_all(spec, body, replicas):
         await memo.k8s.apply(manifest)
-    return spec, db
+    return spec
 
 
 @kopf.on.resume(build.GROUP, build.VERSION, PLURAL)
@@ -128,7 +135,7 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: k
                     **_: Any) -> None:
     generation = meta.get("generation")
     try:
-        spec, _db = await apply_pool(dict(body), memo)
+        spec = await apply_pool(dict(body), memo)
     except InvalidSpec as exc:
         metrics.RECONCILE_ERRORS.labels("invalid_spec").inc()
         patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status)))
@@ -170,19 +177,22 @@ async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
     config: OperatorSettings = memo.config
     k8s: Kubernetes = memo.k8s
     db = await memo.dbs.for_pool(k8s, spec)
-    stats = await db.store.queue_stats(spec.pool)
-    expiries = await db.store.lease_expiries(spec.pool, config.lease_window_s)
     deployment = await k8s.deployment(spec.namespace, build.names(spec)["deployment"])
-    current = int(((deployment or {}).get("spec") or {}).get("replicas") or 0) \
-        if deployment else spec.replicas_min
-    depth = stats.ready + stats.leased
+    current = replicas_of(deployment) if deployment else spec.replicas_min
     key = (spec.namespace, spec.name)
     previous = body.get("status") or {}
-    low_since = memo.low_since.get(key) or _parse_time(previous.get("scaleDownSince"))
-    decision = decide(spec, current, depth, low_since, now())
-    memo.low_since[key] = decision.low_since
-    if decision.replicas < current:
-        await set_deletion_costs(spec, db, k8s)
+    # One pooled connection for the pass's queries.
+    async with db.store.connection() as conn:
+        stats = await db.store.queue_stats(spec.pool, conn=conn)
+        expiries = await db.store.lease_expiries(spec.pool, config.lease_window_s, conn=conn)
+        runs = depth(stats)
+        low_since = memo.low_since.get(key) or st.parse_time(previous.get("scaleDownSince"))
+        decision = decide(spec, current, runs, low_since, now())
+        memo.low_since[key] = decision.low_since
+        leases = (await db.store.leases_by_holder(spec.pool, conn=conn)
+                  if decision.replicas < current else None)
+    if leases is not None:
+        await set_deletion_costs(spec, leases, k8s)
     # Applying every pass repairs drift: a hand-edited or deleted object is put back.
     for manifest in build.build_all(spec, body, decision.replicas):
         await k8s.apply(manifest)
@@ -190,28 +200,27 @@ async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
         direction = "up" if decision.replicas > current else "down"
         metrics.SCALE_CHANGES.labels(direction).inc()
         kopf.info(cast(kopf.Body, body), reason=f"Scaled{direction.capitalize()}",
-                  message=f"workers {current} -> {decision.replicas} for {depth} runs "
+                  message=f"workers {current} -> {decision.replicas} for {runs} runs "
                           f"(ready {stats.ready}, leased {stats.leased})")
     dep_status = (deployment or {}).get("status") or {}
     observed = st.Observed(
-        generation=None, replicas=int(dep_status.get("replicas") or 0),
+        replicas=int(dep_status.get("replicas") or 0),
         ready=int(dep_status.get("readyReplicas") or 0),
         updated=int(dep_status.get("updatedReplicas") or 0), desired=decision.replicas,
         queue=stats, lease_expiries=expiries)
-    export(spec, observed, stats)
+    export(spec, observed)
     out = st.status(observed, now(), previous)
-    out["scaleDownSince"] = (decision.low_since.strftime("%Y-%m-%dT%H:%M:%SZ")
-                             if decision.low_since else None)
+    out["scaleDownSince"] = st.format_time(decision.low_since) if decision.low_since else None
     out["selector"] = build.selector_string(spec)
     out["pool"] = spec.pool
     return out
 
 
-async def set_deletion_costs(spec: PoolSpec, db: Database, k8s: Kubernetes) -> None:
+async def set_deletion_costs(spec: PoolSpec, leases: dict[str, int], k8s: Kubernetes) -> None:
     """Before scaling in, tell the ReplicaSet which workers are cheapest to
-    remove: their number of leased runs, from locked_by's pod UID. Idle
-    workers go first; a busy one drains and releases its runs."""
-    leases = await db.store.leases_by_holder(spec.pool)
+    remove: their number of leased runs (`leases`, by locked_by's pod UID,
+    from store.leases_by_holder). Idle workers go first; a busy one drains
+    and releases its runs."""
     for pod in await k8s.pods(spec.namespace, build.selector(spec)):
         meta = pod.get("metadata") or {}
         cost = str(leases.get(meta.get("uid", ""), 0))
@@ -225,7 +234,8 @@ async def set_deletion_costs(spec: PoolSpec, db: Database, k8s: Kubernetes) -> N
 _exported: dict[str, tuple[set[tuple[str, str]], set[str]]] = {}
 
 
-def export(spec: PoolSpec, observed: st.Observed, stats: Any) -> None:
+def export(spec: PoolSpec, observed: st.Observed) -> None:
+    stats = observed.queue
     queue_now = {(tenant, state) for tenant in stats.by_tenant
                  for state in ("pending", "ready", "leased")}
     dead_now = {code or "" for code in stats.dead_by_code}
@@ -238,22 +248,13 @@ def export(spec: PoolSpec, observed: st.Observed, stats: Any) -> None:
     for tenant, (pending, ready, leased) in stats.by_tenant.items():
         for state, value in (("pending", pending), ("ready", ready), ("leased", leased)):
             metrics.QUEUE_RUNS.labels(spec.pool, tenant, state).set(value)
-    for code, n in stats.dead_by_code.items():
-        metrics.DEAD_RUNS.labels(spec.pool, code or "").set(n)
+    for error_code, n in stats.dead_by_code.items():
+        metrics.DEAD_RUNS.labels(spec.pool, error_code or "").set(n)
     metrics.OLDEST_PENDING.labels(spec.pool).set(stats.oldest_ready_s)
     metrics.LEASE_EXPIRIES.labels(spec.pool).set(observed.lease_expiries)
     metrics.DESIRED_REPLICAS.labels(spec.namespace, spec.pool).set(observed.desired)
     metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "total").set(observed.replicas)
     metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "ready").set(observed.ready)
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return None
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={build.OWNER_LABEL: kopf.PRESENT})

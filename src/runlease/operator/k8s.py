@@ -135,10 +135,5 @@ class Kubernetes:
         await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
                            {"metadata": {"annotations": annotations}}, MERGE_PATCH)
 
-    async def patch_pool_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        await self.request(
-            "PATCH", f"/apis/runlease.dev/v1alpha1/namespaces/{namespace}/agentrunpools/{name}"
-                     "/status", {"status": status}, MERGE_PATCH)
-
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.get(f"{PATHS['Deployment'].format(ns=namespace)}/{name}")

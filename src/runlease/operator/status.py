@@ -3,22 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from runlease.db.store import QueueStats
 
+# Kubernetes' timestamp format (UTC, seconds): conditions and scaleDownSince.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(when: datetime) -> str:
+    return when.strftime(TIME_FORMAT)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A timestamp written by format_time; None when absent or malformed."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.strptime(value, TIME_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
 
 @dataclass(frozen=True)
 class Observed:
-    generation: int | None
     replicas: int
     ready: int
     updated: int
     desired: int
-    queue: QueueStats | None
+    queue: QueueStats
     lease_expiries: int
-    error: str | None = None  # a reconcile error, shown as Degraded
 
 
 def condition(kind: str, ok: bool, reason: str, message: str, now: datetime,
@@ -28,7 +43,7 @@ def condition(kind: str, ok: bool, reason: str, message: str, now: datetime,
     since = before.get("lastTransitionTime") if before and before.get("status") == status \
         else None
     return {"type": kind, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": since or now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            "lastTransitionTime": since or format_time(now)}
 
 
 def conditions(o: Observed, now: datetime, previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -41,8 +56,9 @@ def conditions(o: Observed, now: datetime, previous: list[dict[str, Any]]) -> li
         condition("Progressing", rolling, "RollingOut" if rolling else "Stable",
                   f"{o.updated} of {o.replicas} workers updated; {o.desired} wanted", now,
                   previous),
-        condition("Degraded", o.error is not None,
-                  "ReconcileError" if o.error else "AsExpected", o.error or "", now, previous),
+        # Reconcile errors are reported by invalid(); a pass that observed
+        # the pool found none.
+        condition("Degraded", False, "AsExpected", "", now, previous),
         condition("LeasesHealthy", healthy, "NoExpiries" if healthy else "LeasesExpired",
                   f"{o.lease_expiries} leases expired recently (their workers stopped "
                   "renewing: crashed, killed or cut off)" if not healthy else
@@ -51,20 +67,15 @@ def conditions(o: Observed, now: datetime, previous: list[dict[str, Any]]) -> li
 
 
 def status(o: Observed, now: datetime, previous: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {
+    return {
         "replicas": o.replicas,
         "readyReplicas": o.ready,
         "desiredReplicas": o.desired,
         "leaseExpiries": o.lease_expiries,
         "conditions": conditions(o, now, previous.get("conditions") or []),
+        "queue": {"pending": o.queue.pending, "leased": o.queue.leased, "dead": o.queue.dead,
+                  "oldestPendingSeconds": round(o.queue.oldest_ready_s, 1)},
     }
-    if o.generation is not None:
-        out["observedGeneration"] = o.generation
-    if o.queue is not None:
-        out["queue"] = {"pending": o.queue.pending, "leased": o.queue.leased,
-                        "dead": o.queue.dead,
-                        "oldestPendingSeconds": round(o.queue.oldest_ready_s, 1)}
-    return out
 
 
 def invalid(message: str, generation: int | None, now: datetime,
