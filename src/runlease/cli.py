@@ -80,8 +80,7 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 
 
 @main.command()
-@click.option("--database-url", envvar=["RUNLEASE_DATABASE_URL", "DATABASE_URL"],
-              help="Use this PostgreSQL instead of the embedded one.")
+@database_url_option
 @data_dir_option
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
@@ -97,10 +96,11 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
         demo: bool) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
-    from runlease.dev import DevOptions, parse_pairs, run_dev
+    from runlease.api.auth import parse_token_pairs
+    from runlease.dev import DevOptions, run_dev
 
     try:
-        tenant_tokens = parse_pairs(tokens)
+        tenant_tokens = dict(parse_token_pairs(tokens))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--token") from None
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,

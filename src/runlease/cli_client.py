@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from runlease.client import ApiError, Client, RunEnded, RunView, StreamEvent
+from runlease.core.states import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
@@ -114,7 +115,7 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str, pool: str |
 
 @runs.command("list")
 @api_options
-@click.option("--status", type=click.Choice(["pending", "leased", "done", "dead", "cancelled"]))
+@click.option("--status", type=click.Choice([s.value for s in RunStatus]))
 @click.option("--pool")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
 @click.option("--cursor")

@@ -8,9 +8,10 @@
             print(event)
         print(api.wait(run.id).status)
 
-`AsyncClient` has the same methods as coroutines (events as an async iterator).
-Both build requests and read answers the same way (`_Calls`); only the I/O
-differs.
+`AsyncClient` has the run methods (submit, get, list, cancel, wait, events) and
+dead_letters and redrive, as coroutines (events as an async iterator); it has no
+stream_token, pools or upsert_pool. Both build requests and read answers the
+same way (`_Calls`); only the I/O differs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from uuid import UUID
 
 import httpx
 
-TERMINAL = frozenset({"done", "dead", "cancelled"})
+from runlease.core.states import TERMINAL
 
 
 class ApiError(Exception):
@@ -117,14 +118,13 @@ class SseParser:
     def __init__(self) -> None:
         self._event = "message"
         self._data: list[str] = []
-        self._id: str | None = None
 
     def feed(self, line: str) -> StreamEvent | RunEnded | None:
         if line == "":
             if not self._data:
                 return None
             data, kind = "\n".join(self._data), self._event
-            self._event, self._data, self._id = "message", [], None
+            self._event, self._data = "message", []
             payload = json.loads(data)
             if kind == "end":
                 return RunEnded(payload["status"], payload.get("error_code"),
@@ -139,9 +139,7 @@ class SseParser:
             self._event = value
         elif name == "data":
             self._data.append(value)
-        elif name == "id":
-            self._id = value
-        return None
+        return None  # `id` needs no keeping: the event's seq is in its data
 
 
 class _Calls:

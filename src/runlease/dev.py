@@ -208,14 +208,3 @@ async def demo_until(stop: asyncio.Event, base: str, tenants: dict[str, str], ad
         demo.result()
     else:
         demo.cancel()
-
-
-def parse_pairs(values: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for value in values:
-        tenant, sep, token = value.partition("=")
-        if not sep or not tenant or not token:
-            raise ValueError(f"{value!r}: expected TENANT=TOKEN")
-        out[tenant] = token
-    return out
-

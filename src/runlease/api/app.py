@@ -149,7 +149,6 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         try:
             yield
         finally:
-            state.stopping = True
             await listener.stop(2)
             await pool.close()
 

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -49,6 +50,18 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def parse_token_pairs(items: Iterable[str]) -> list[tuple[str, str]]:
+    """`tenant=token` items as (tenant, token), whitespace stripped, in order
+    (a tenant may appear twice: both of its tokens are valid)."""
+    pairs = []
+    for item in items:
+        tenant, sep, token = (part.strip() for part in item.partition("="))
+        if not sep or not tenant or not token:
+            raise ValueError(f"{item!r}: expected TENANT=TOKEN")
+        pairs.append((tenant, token))
+    return pairs
+
+
 class TokenRegistry:
     def __init__(self) -> None:
         self._by_digest: dict[str, Principal] = {}
@@ -68,11 +81,13 @@ class TokenRegistry:
         self.add(token, Principal(tenant))
 
     def load_pairs(self, pairs: str) -> None:
-        for item in filter(None, (p.strip() for p in pairs.split(","))):
-            tenant, sep, token = item.partition("=")
-            if not sep or not tenant or not token:
-                raise SettingsError("tokens must be tenant=token pairs, comma-separated")
-            self.add_tenant(tenant.strip(), token.strip())
+        items = filter(None, (p.strip() for p in pairs.split(",")))
+        try:
+            parsed = parse_token_pairs(items)
+        except ValueError:  # its message holds the token: not for logs
+            raise SettingsError("tokens must be tenant=token pairs, comma-separated") from None
+        for tenant, token in parsed:
+            self.add_tenant(tenant, token)
 
     def load_file(self, path: str) -> None:
         try:

@@ -25,7 +25,6 @@ class ApiState:
     stream_tokens: StreamTokens
     store: RunStore | None = None
     hub: FeedHub | None = None
-    stopping: bool = False
 
 
 def api_state(request: Request) -> ApiState:

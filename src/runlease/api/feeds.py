@@ -44,14 +44,9 @@ class Keepalive:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """Events in order, and their SSE text, rendered once for every subscriber."""
+    """The SSE text of events in order, rendered once for every subscriber."""
 
-    events: list[Event]
     text: str
-
-    @property
-    def last_seq(self) -> int:
-        return self.events[-1].seq
 
 
 def render(event: Event) -> str:
@@ -62,7 +57,7 @@ def render(event: Event) -> str:
 
 def batch(events: list[Event], rendered: dict[int, str] | None = None) -> Batch:
     texts = [(rendered or {}).get(e.seq) or render(e) for e in events]
-    return Batch(events, "".join(texts))
+    return Batch("".join(texts))
 
 
 class RunFeed:
@@ -72,6 +67,7 @@ class RunFeed:
         self.events: list[Event] = []
         self.rendered: dict[int, str] = {}  # seq -> its SSE text
         self.last_seq = start_seq  # everything up to here is known or was before our time
+        self.notified_seq = start_seq  # the highest seq a NOTIFY announced
         self.first_seq = start_seq + 1  # the ring holds events from here on
         self.finished: Run | None = None
         self.changed = asyncio.Condition()
@@ -87,6 +83,8 @@ class RunFeed:
 
     async def run(self) -> None:
         while self.subscribers > 0 and self.finished is None:
+            # Cleared before the read: a NOTIFY that lands during it is not lost.
+            self.wake.clear()
             try:
                 fresh = await self._read()
             except RunNotFound:  # deleted by retention while followed
@@ -101,21 +99,28 @@ class RunFeed:
                     self.changed.notify_all()
             if fresh and len(fresh) == PAGE:
                 continue
-            self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.hub.poll_s)
 
     async def _read(self) -> list[Event]:
+        """New events; sets `finished` once the run is finished and all are read.
+
+        A NOTIFY names the seq it announces, so then the events are read
+        straight away. Otherwise (a poll) the run row comes first: its
+        event_seq is bumped by the very statement that inserts events, so
+        events are read only when there are new ones, and a finished run whose
+        event_seq we have reached has nothing more to send."""
         store = self.hub.store
-        fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
-        if not fresh:
-            run = await store.get(self.run_id)
-            if run.status in TERMINAL:
-                # Nothing is written after the final transition, so one more
-                # read after seeing it finished is complete.
-                fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
-                if not fresh:
-                    self.finished = run
+        if self.notified_seq > self.last_seq:
+            fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
+            if fresh:
+                return fresh
+        run = await store.get(self.run_id)
+        fresh = []
+        if run.event_seq > self.last_seq:
+            fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
+        if run.status in TERMINAL and (fresh[-1].seq if fresh else self.last_seq) >= run.event_seq:
+            self.finished = run
         return fresh
 
     def _keep(self, fresh: list[Event]) -> None:
@@ -148,21 +153,19 @@ class FeedHub:
 
     def notify(self, payload: str) -> None:
         """A NOTIFY on the events channel: `<run id>:<seq>`."""
-        run_id, _, _ = payload.partition(":")
+        run_id, _, seq = payload.partition(":")
         try:
             feed = self.feeds.get(UUID(run_id))
         except ValueError:
             return
         if feed is not None:
+            if seq.isdigit():
+                feed.notified_seq = max(feed.notified_seq, int(seq))
             feed.wake.set()
 
     def wake_all(self) -> None:
         for feed in self.feeds.values():
             feed.wake.set()
-
-    @property
-    def subscribers(self) -> int:
-        return sum(f.subscribers for f in self.feeds.values())
 
     async def stream(self, run_id: UUID, after: int) -> AsyncIterator[Batch | End | Keepalive]:
         """Everything after `after`, then live events, then End."""

@@ -38,7 +38,6 @@ class ApiServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def _end_streams(self) -> None:
-        self.app_state.stopping = True
         hub = self.app_state.hub
         if hub is not None:
             with contextlib.suppress(RuntimeError):

