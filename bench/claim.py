@@ -159,20 +159,23 @@ def load_seed(url: str, jobs: int) -> None:
         conn.execute("VACUUM ANALYZE seed_agent_runs")
 
 
-def load_store(url: str, jobs: int, limits: bool) -> float:
+def load_store(url: str, jobs: int, limits: bool = False, pool: str = "bench") -> float:
+    """Empty the queue, (re)define `pool` (a tenant default cap if `limits`) and
+    enqueue `jobs` no-op runs into it in batches of 1000; returns seconds."""
     async def go() -> float:
-        async with make_pool(url, max_size=1) as pool:
-            store = RunStore(pool)
+        async with make_pool(url, max_size=1) as conns:
+            store = RunStore(conns)
             async with store.connection() as conn:
                 await conn.execute("TRUNCATE agent_runs CASCADE")
-            await store.upsert_pool(Pool("bench", default_max_in_flight=10_000 if limits else None))
+            await store.upsert_pool(Pool(pool, default_max_in_flight=10_000 if limits else None))
             t0 = time.perf_counter()
             for start in range(0, jobs, 1000):
-                await store.enqueue_many("bench", [
+                await store.enqueue_many(pool, [
                     NewRun(f"t{i % TENANTS}", {}) for i in range(start, min(jobs, start + 1000))
                 ])
             elapsed = time.perf_counter() - t0
             async with store.connection() as conn:
+                # Statistics now, not an autoanalyze in the middle of a drain.
                 await conn.execute("VACUUM ANALYZE agent_runs")
             return elapsed
 

@@ -30,7 +30,6 @@ is started (fsync on).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import importlib.util
 import os
@@ -47,15 +46,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
-
-from runlease.db.connect import make_pool
-from runlease.db.store import NewRun, RunStore
+from claim import load_store
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 
-TENANTS = 10
-ENQUEUE_BATCH = 1000
 POLL_S = 0.05
 NOT_INSTALLED = "not installed (pip install -e '.[bench]')"
 TARGET_VS_PGQUEUER = 3.0
@@ -103,9 +98,6 @@ class WorkerProc:
                 start_new_session=True,
             )
         return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -178,31 +170,10 @@ def scalar(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any
 # --------------------------------------------------------------------------
 
 
-def load_runs(url: str, jobs: int) -> float:
-    """Empty the queue, enqueue `jobs` no-op runs in batches; returns seconds."""
-    async def go() -> float:
-        async with make_pool(url, max_size=1) as pool:
-            store = RunStore(pool)
-            async with store.connection() as conn:
-                await conn.execute("TRUNCATE agent_runs CASCADE")
-            t0 = time.perf_counter()
-            for start in range(0, jobs, ENQUEUE_BATCH):
-                await store.enqueue_many("default", [
-                    NewRun(f"t{i % TENANTS}", {})
-                    for i in range(start, min(jobs, start + ENQUEUE_BATCH))
-                ])
-            elapsed = time.perf_counter() - t0
-            async with store.connection() as conn:
-                # Statistics now, not an autoanalyze in the middle of a drain.
-                await conn.execute("VACUUM ANALYZE agent_runs")
-            return elapsed
-
-    return asyncio.run(go())
-
-
 def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s: float,
                log_dir: Path) -> dict[str, Any]:
-    enqueue_s = load_runs(url, jobs)
+    # The default pool keeps its migration defaults: no tenant cap.
+    enqueue_s = load_store(url, jobs, pool="default")
     load_before = os.getloadavg()[0]
     with psycopg.connect(url, autocommit=True) as poll, worker_fleet(url, log_dir) as fleet:
         t0 = time.perf_counter()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -13,9 +12,10 @@ import httpx
 import psycopg
 import pytest
 
-from runlease.client import AsyncClient, RunEnded, SseParser, StreamEvent
+from runlease.client import AsyncClient, RunEnded, RunView, SseParser, StreamEvent
 from runlease.db.store import RunStore
 from tests.support.api import Api, serve_api
+from tests.support.waiting import until
 from tests.support.workers import running_worker
 
 
@@ -266,11 +266,12 @@ async def test_admins_see_leases_and_redrive_dead_letters(api: Api, db_url: str)
         redriven = await ops.redrive(dead.id)
         assert (redriven.status, redriven.attempts) == ("pending", 0)
         long = await tenant.submit({"steps": [{"sleep": 30}]})
-        for _ in range(100):
+
+        async def leased() -> RunView | None:
             seen = await ops.get(long.id)
-            if seen.status == "leased":
-                break
-            await asyncio.sleep(0.05)
+            return seen if seen.status == "leased" else None
+
+        seen = await until(leased, timeout_s=5, what="the run to be leased")
         assert seen.lease is not None
         assert seen.lease["locked_by"].startswith("test-worker-")
         assert (await tenant.get(long.id)).lease is None

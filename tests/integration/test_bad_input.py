@@ -9,6 +9,7 @@ import pytest
 from runlease.db.models import Pool
 from runlease.db.store import NewRun, RunStore
 from runlease.errors import RunleaseError, UnknownPool, ValidationError
+from tests.integration.test_transitions import count_runs
 
 BIG = "x" * (256 * 1024)
 
@@ -40,13 +41,6 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-async def _count(store: RunStore) -> int:
-    async with store.connection() as c:
-        row = await (await c.execute("SELECT count(*) AS n FROM agent_runs")).fetchone()
-    assert row is not None
-    return int(row["n"])
-
-
 @pytest.mark.parametrize(("change", "field"), [(c[1], c[2]) for c in CASES],
                          ids=[c[0] for c in CASES])
 async def test_bad_enqueue_names_the_field_and_writes_nothing(
@@ -59,7 +53,7 @@ async def test_bad_enqueue_names_the_field_and_writes_nothing(
         await store.enqueue(pool, **args)
     assert err.value.field == field
     assert field in str(err.value)
-    assert await _count(store) == 0
+    assert await count_runs(store) == 0
 
 
 async def test_a_bad_item_in_a_batch_writes_none_of_it(store: RunStore) -> None:
@@ -67,7 +61,7 @@ async def test_a_bad_item_in_a_batch_writes_none_of_it(store: RunStore) -> None:
     with pytest.raises(ValidationError) as err:
         await store.enqueue_many("default", runs)
     assert err.value.field == "runs[1].priority"
-    assert await _count(store) == 0
+    assert await count_runs(store) == 0
 
 
 async def test_a_repeated_key_in_a_batch_is_refused(store: RunStore) -> None:
@@ -75,7 +69,7 @@ async def test_a_repeated_key_in_a_batch_is_refused(store: RunStore) -> None:
                                                                   idempotency_key="k")]
     with pytest.raises(ValidationError, match="repeated"):
         await store.enqueue_many("default", runs)
-    assert await _count(store) == 0
+    assert await count_runs(store) == 0
 
 
 async def test_the_input_bound_is_configurable(store: RunStore) -> None:

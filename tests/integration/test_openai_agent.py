@@ -16,7 +16,13 @@ import pytest
 from runlease.agents.openai import agent
 from runlease.db.models import Event, Run
 from runlease.db.store import RunStore
-from tests.integration.test_worker import finished, running_worker
+from tests.integration.test_worker import (
+    _async,
+    _has_event,
+    _status,
+    finished,
+    running_worker,
+)
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCall
 from tests.support.waiting import until
 
@@ -155,7 +161,7 @@ async def test_cancel_closes_a_slow_stream(
         await live_store.request_cancel(queued.run.id)
         run = await finished(live_store, queued.run.id)
         latency = time.monotonic() - asked
-        await until(lambda: _true(fake.hangups), timeout_s=5, what="the stream to be closed")
+        await until(lambda: _async(fake.hangups), timeout_s=5, what="the stream to be closed")
     assert (run.status, run.attempts) == ("cancelled", 1)
     assert latency < 2, latency  # the grace is 10 s: the stream was closed, not waited out
     assert fake.hangups[0] - asked < 2
@@ -305,19 +311,4 @@ async def test_a_server_that_does_not_stream(
 
 async def retried(store: RunStore, run_id: UUID) -> Run:
     """The run back in pending after a failed first attempt."""
-
-    async def probe() -> Run | None:
-        run = await store.get(run_id)
-        return run if run.status == "pending" and run.attempts == 1 else None
-
-    run = await until(probe, what="the retry")
-    assert run is not None
-    return run
-
-
-async def _has_event(store: RunStore, run_id: UUID, kind: str) -> bool:
-    return kind in [e.kind for e in await store.events_after(run_id)]
-
-
-async def _true(value: Any) -> Any:
-    return value
+    return await until(lambda: _status(store, run_id, "pending", attempts=1), what="the retry")

@@ -25,7 +25,8 @@ from runlease.errors import (
 )
 
 
-async def _count(store: RunStore) -> int:
+async def count_runs(store: RunStore) -> int:
+    """How many runs the table holds."""
     async with store.connection() as c:
         row = await (await c.execute("SELECT count(*) AS n FROM agent_runs")).fetchone()
     assert row is not None
@@ -66,7 +67,7 @@ async def test_idempotency_key_returns_the_existing_run(store: RunStore) -> None
     other = await store.enqueue("default", "globex", {"q": 1}, idempotency_key="order-42")
     assert other.inserted
     assert other.run.id != first.run.id
-    assert await _count(store) == 2
+    assert await count_runs(store) == 2
 
 
 async def test_idempotency_key_with_another_input_is_a_conflict(store: RunStore) -> None:
@@ -80,7 +81,7 @@ async def test_idempotency_key_with_another_input_is_a_conflict(store: RunStore)
             ],
         )
     assert err.value.run_id == first.run.id
-    assert await _count(store) == 1  # the batch wrote nothing
+    assert await count_runs(store) == 1  # the batch wrote nothing
 
 
 async def test_concurrent_enqueues_with_one_key_make_one_run(db_url: str) -> None:
@@ -98,7 +99,7 @@ async def test_concurrent_enqueues_with_one_key_make_one_run(db_url: str) -> Non
 async def test_unknown_pool_is_a_clear_error(store: RunStore) -> None:
     with pytest.raises(UnknownPool, match="nope"):
         await store.enqueue("nope", "acme", {})
-    assert await _count(store) == 0
+    assert await count_runs(store) == 0
 
 
 async def test_batch_enqueue_keeps_order_and_notifies_once(store: RunStore, db_url: str) -> None:

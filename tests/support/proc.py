@@ -59,16 +59,8 @@ class WorkerProcess:
         return self
 
     @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
     def identity_prefix(self) -> str:
         return f"pod-{self.name}:"
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -36,9 +36,6 @@ class CuttableProxy:
     def cut(self) -> None:
         self._cut.set()
 
-    def restore(self) -> None:
-        self._cut.clear()
-
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
