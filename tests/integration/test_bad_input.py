@@ -126,3 +126,23 @@ async def test_claim_batch_and_list_limits(store: RunStore) -> None:
     with pytest.raises(ValidationError, match="status"):
         await store.list_runs(status="running")
     assert issubclass(ValidationError, RunleaseError)
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    (lambda s: s.delete_finished(0), "retention_s"),
+    (lambda s: s.delete_finished(-3600), "retention_s"),
+    (lambda s: s.delete_finished(3600, batch=0), "batch"),
+    (lambda s: s.reap(batch=-1), "batch"),
+], ids=["retention zero", "retention negative", "retention batch zero", "reap batch negative"])
+async def test_bad_retention_and_reap_arguments_delete_nothing(
+    store: RunStore, clock: Any, call: Any, field: str
+) -> None:
+    # A zero or negative retention period would make every finished run "old".
+    run = (await store.enqueue("default", "acme", {"i": 1})).run
+    (lease,) = await store.claim("default", "w", 1)
+    await store.ack(lease)
+    clock.advance(10)
+    with pytest.raises(ValidationError) as info:
+        await call(store)
+    assert info.value.field == field
+    assert (await store.get(run.id)).status == "done"

@@ -56,8 +56,14 @@ def _json(text: str) -> Any:
     return {} if text == "{}" else json.loads(text)
 
 MAX_CLAIM_BATCH = 1000
+MAX_BATCH = 10_000  # reap and retention
 MAX_LIST_LIMIT = 500
 _ERROR_CODE_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+
+
+def _check_batch(batch: int) -> None:
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise ValidationError("batch", f"must be between 1 and {MAX_BATCH}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +471,7 @@ class RunStore:
 
     async def reap(self, *, batch: int = 1000, conn: Conn | None = None) -> ReapResult:
         """Expired leases back to pending (or dead / cancelled), one bounded batch."""
+        _check_batch(batch)
         rows = await self._rows(
             "run_reap", {"batch": batch, "channel_prefix": POOL_CHANNEL_PREFIX}, conn
         )
@@ -625,6 +632,10 @@ class RunStore:
         self, retention_s: int, *, batch: int = 1000, conn: Conn | None = None
     ) -> int:
         """Delete runs that finished more than retention_s ago (one batch)."""
+        # A zero or negative period would delete every finished run.
+        if isinstance(retention_s, bool) or not isinstance(retention_s, int) or retention_s < 1:
+            raise ValidationError("retention_s", "must be a whole number of seconds, at least 1")
+        _check_batch(batch)
         rows = await self._rows(
             "run_retention_delete", {"retention_s": retention_s, "batch": batch}, conn
         )
