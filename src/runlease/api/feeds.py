@@ -67,7 +67,6 @@ class RunFeed:
         self.events: list[Event] = []
         self.rendered: dict[int, str] = {}  # seq -> its SSE text
         self.last_seq = start_seq  # everything up to here is known or was before our time
-        self.notified_seq = start_seq  # the highest seq a NOTIFY announced
         self.first_seq = start_seq + 1  # the ring holds events from here on
         self.finished: Run | None = None
         self.changed = asyncio.Condition()
@@ -103,24 +102,16 @@ class RunFeed:
                 await asyncio.wait_for(self.wake.wait(), self.hub.poll_s)
 
     async def _read(self) -> list[Event]:
-        """New events; sets `finished` once the run is finished and all are read.
-
-        A NOTIFY names the seq it announces, so then the events are read
-        straight away. Otherwise (a poll) the run row comes first: its
-        event_seq is bumped by the very statement that inserts events, so
-        events are read only when there are new ones, and a finished run whose
-        event_seq we have reached has nothing more to send."""
         store = self.hub.store
-        if self.notified_seq > self.last_seq:
-            fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
-            if fresh:
-                return fresh
-        run = await store.get(self.run_id)
-        fresh = []
-        if run.event_seq > self.last_seq:
-            fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
-        if run.status in TERMINAL and (fresh[-1].seq if fresh else self.last_seq) >= run.event_seq:
-            self.finished = run
+        fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
+        if not fresh:
+            run = await store.get(self.run_id)
+            if run.status in TERMINAL:
+                # Nothing is written after the final transition, so one more
+                # read after seeing it finished is complete.
+                fresh = await store.events_after(self.run_id, self.last_seq, limit=PAGE)
+                if not fresh:
+                    self.finished = run
         return fresh
 
     def _keep(self, fresh: list[Event]) -> None:
@@ -142,6 +133,7 @@ class FeedHub:
         self.poll_s = poll_s
         self.keepalive_s = keepalive_s
         self.feeds: dict[UUID, RunFeed] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
 
     async def close(self) -> None:
@@ -153,14 +145,12 @@ class FeedHub:
 
     def notify(self, payload: str) -> None:
         """A NOTIFY on the events channel: `<run id>:<seq>`."""
-        run_id, _, seq = payload.partition(":")
+        run_id, _, _ = payload.partition(":")
         try:
             feed = self.feeds.get(UUID(run_id))
         except ValueError:
             return
         if feed is not None:
-            if seq.isdigit():
-                feed.notified_seq = max(feed.notified_seq, int(seq))
             feed.wake.set()
 
     def wake_all(self) -> None:
@@ -182,14 +172,20 @@ class FeedHub:
         feed.subscribers += 1
         if feed.task is None or feed.task.done():
             feed.task = asyncio.create_task(feed.run(), name=f"feed-{run_id}")
+            # Held here too: a feed left by its last subscriber is out of
+            # `feeds` while it finishes its read.
+            self._tasks.add(feed.task)
+            feed.task.add_done_callback(self._tasks.discard)
         try:
             async for item in self._follow(feed, after):
                 yield item
         finally:
             feed.subscribers -= 1
             if feed.subscribers == 0:
-                if feed.task is not None:
-                    feed.task.cancel()
+                # Woken, not cancelled: it ends after its current read. A
+                # cancel while it waits for a pooled connection could leave
+                # the pool's next waiter unserved until its timeout.
+                feed.wake.set()
                 self.feeds.pop(run_id, None)
 
     async def _follow(self, feed: RunFeed, after: int) -> AsyncIterator[Batch | End | Keepalive]:
