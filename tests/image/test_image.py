@@ -12,6 +12,7 @@ these tests skip (fail under CI=true).
 from __future__ import annotations
 
 import os
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,9 +58,9 @@ def engine() -> Engine:
 def test_the_image_runs_as_the_chart_expects(engine: Engine) -> None:
     assert engine.inspect(engine.image, "{{.Config.User}}") == f"{UID}:{UID}"
     assert engine.inspect(engine.image, "{{json .Config.Entrypoint}}") == '["runlease"]'
-    version = engine.inspect(
-        engine.image, '{{index .Config.Labels "org.opencontainers.image.version"}}')
-    assert engine.image.endswith(f":{version}")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert engine.inspect(
+        engine.image, '{{index .Config.Labels "org.opencontainers.image.version"}}') == version
     shown = engine.run("--version")
     assert shown.stdout.strip() == f"runlease, version {version}"
 
