@@ -1,6 +1,7 @@
 """Crash and restart, end to end, for longer than CI allows.
 
-    python bench/chaos.py [--runs 600] [--chaos-s 120] [--db-restarts 3] [--json]
+    python bench/chaos.py [--runs 600] [--chaos-s 120] [--db-restarts 3]
+                          [--stop-mode fast|immediate] [--quiet-outage] [--json]
 
 The harness of tests/integration/test_chaos.py (tests/support/chaos.py; its
 docstring says what is run and how each figure is judged): its own embedded
@@ -34,8 +35,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     defaults = ChaosConfig(runs=600, chaos_s=120, db_restarts=3)
     for f in fields(ChaosConfig):
-        parser.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
-                            default=getattr(defaults, f.name))
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            parser.add_argument("--" + f.name.replace("_", "-"), default=default,
+                                action=argparse.BooleanOptionalAction)
+        else:
+            parser.add_argument("--" + f.name.replace("_", "-"), type=type(default),
+                                default=default)
     parser.add_argument("--work-dir", type=Path, help="logs of every process (a temp dir)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,16 @@ class ChaosConfig:
     long_tool_s: float = 6.0  # every long_tool_every-th run has a tool this long
     long_tool_every: int = 4
     followers: int = 4  # runs followed by client.events() through the chaos
+    # A burst of this many requests at once goes out just before each stop
+    # (the API's pool then holds that many connections to lose) and just
+    # after the server accepts connections again.
+    burst: int = 12
+    # The submitter and the prober wait while the database is down, as an API
+    # idle through an outage would. Off: they keep asking, and the event
+    # streams' polls keep asking anyway, which discards dead pooled
+    # connections during the outage (tests/integration/test_api_db_restart.py
+    # is the test of an idle API's pool).
+    quiet_outage: bool = False
     max_attempts: int = 25
     settle_s: float = 120.0  # after the chaos, time for every run to finish
     orphan_grace_s: float = 3.0  # a killed worker's tools must be gone by then
@@ -188,6 +199,8 @@ class Chaos:
         self.streams: dict[str, list[StreamEvent | RunEnded] | BaseException] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._db_up = threading.Event()
+        self._db_up.set()
         self._names = itertools.count()
         self.workers: list[WorkerProcess] = []
         self._all_workers: list[WorkerProcess] = []
@@ -257,6 +270,7 @@ class Chaos:
                 while (now := time.monotonic()) < due:
                     time.sleep(min(0.05, due - now))
                 while True:  # the same idempotency key: a retry never makes a second run
+                    self._quiet()
                     t0 = time.monotonic()
                     try:
                         run = client.submit(self.run_input(i), max_attempts=self.cfg.max_attempts,
@@ -276,6 +290,7 @@ class Chaos:
     def _prober(self, api_url: str) -> None:
         with Client(api_url, TOKENS["acme"], timeout_s=30) as client:
             while not self._stop.is_set():
+                self._quiet()
                 with self._lock:
                     known = self.run_ids[0] if self.run_ids else None
                 for what in ("get", "list"):
@@ -304,7 +319,29 @@ class Chaos:
             return
         self.streams[str(run_id)] = items
 
-    def _restart_db(self, pg: EmbeddedPostgres) -> None:
+    def _quiet(self) -> None:
+        if self.cfg.quiet_outage:
+            self._db_up.wait()
+
+    def _burst(self, api_url: str) -> None:
+        """Requests at once, each on its own connection to the API, so the
+        API's pool holds (or is asked for) that many database connections."""
+        def one(_: int) -> None:
+            with Client(api_url, TOKENS["acme"], timeout_s=30) as client:
+                t0 = time.monotonic()
+                try:
+                    client.list(limit=1)
+                except (ApiError, httpx.HTTPError) as exc:
+                    self._record("burst", t0, f"{type(exc).__name__}: {exc}")
+                else:
+                    self._record("burst", t0, None)
+
+        with ThreadPoolExecutor(self.cfg.burst) as pool:
+            list(pool.map(one, range(self.cfg.burst)))
+
+    def _restart_db(self, pg: EmbeddedPostgres, api_url: str) -> None:
+        self._burst(api_url)
+        self._db_up.clear()
         down = time.monotonic()
         pg.stop(self.cfg.stop_mode)
         time.sleep(self.cfg.db_down_s)
@@ -312,6 +349,8 @@ class Chaos:
         with self._lock:
             self.outages.append((down, time.monotonic()))
         self.figures.db_restarts += 1
+        self._burst(api_url)
+        self._db_up.set()
 
     # -- the whole ------------------------------------------------------------------------
 
@@ -353,7 +392,7 @@ class Chaos:
             if restarts_due and now >= restarts_due[0] and (
                     restarter is None or not restarter.is_alive()):
                 restarts_due.pop(0)
-                restarter = threading.Thread(target=self._restart_db, args=(pg,),
+                restarter = threading.Thread(target=self._restart_db, args=(pg, api.url),
                                              name="db-restart")
                 restarter.start()
             if now >= next_kill:
