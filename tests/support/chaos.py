@@ -342,10 +342,12 @@ class Chaos:
     def _restart_db(self, pg: EmbeddedPostgres, api_url: str) -> None:
         self._burst(api_url)
         self._db_up.clear()
-        down = time.monotonic()
+        down, port = time.monotonic(), pg.port
         pg.stop(self.cfg.stop_mode)
         time.sleep(self.cfg.db_down_s)
         pg.start()  # the same port and data directory; returns once it accepts connections
+        if pg.port != port:  # someone took the port meanwhile: nobody could reconnect
+            self.figures.details["db_port_moved"] = (port, pg.port)
         with self._lock:
             self.outages.append((down, time.monotonic()))
         self.figures.db_restarts += 1
