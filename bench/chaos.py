@@ -54,6 +54,7 @@ def main() -> int:
                    "failed": failed, "work_dir": str(chaos.dir)})
     else:
         print(f"config: {asdict(config)}")
+        print(f"logs: {chaos.dir}")
         print_table(["figure", "value"], figures.table())
         if failed:
             print(f"\nINVARIANTS BROKEN: {', '.join(failed)} (logs in {chaos.dir})")

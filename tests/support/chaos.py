@@ -270,6 +270,8 @@ class Chaos:
                 while (now := time.monotonic()) < due:
                     time.sleep(min(0.05, due - now))
                 while True:  # the same idempotency key: a retry never makes a second run
+                    if self._stop.is_set():  # the chaos ended early (a failure)
+                        return
                     self._quiet()
                     t0 = time.monotonic()
                     try:
@@ -342,17 +344,19 @@ class Chaos:
     def _restart_db(self, pg: EmbeddedPostgres, api_url: str) -> None:
         self._burst(api_url)
         self._db_up.clear()
-        down, port = time.monotonic(), pg.port
-        pg.stop(self.cfg.stop_mode)
-        time.sleep(self.cfg.db_down_s)
-        pg.start()  # the same port and data directory; returns once it accepts connections
-        if pg.port != port:  # someone took the port meanwhile: nobody could reconnect
-            self.figures.details["db_port_moved"] = (port, pg.port)
-        with self._lock:
-            self.outages.append((down, time.monotonic()))
-        self.figures.db_restarts += 1
-        self._burst(api_url)
-        self._db_up.set()
+        try:
+            down, port = time.monotonic(), pg.port
+            pg.stop(self.cfg.stop_mode)
+            time.sleep(self.cfg.db_down_s)
+            pg.start()  # the same port and data directory; returns once it accepts connections
+            if pg.port != port:  # someone took the port meanwhile: nobody could reconnect
+                self.figures.details["db_port_moved"] = (port, pg.port)
+            with self._lock:
+                self.outages.append((down, time.monotonic()))
+            self.figures.db_restarts += 1
+            self._burst(api_url)
+        finally:
+            self._db_up.set()
 
     # -- the whole ------------------------------------------------------------------------
 
@@ -379,7 +383,8 @@ class Chaos:
         return self.figures
 
     def _chaos(self, pg: EmbeddedPostgres, url: str, api: ApiProcess) -> None:
-        threads = [threading.Thread(target=self._submitter, args=(api.url,), name="submitter"),
+        threads = [threading.Thread(target=self._submitter, args=(api.url,), name="submitter",
+                                    daemon=True),
                    threading.Thread(target=self._prober, args=(api.url,), name="prober",
                                     daemon=True)]
         for t in threads:
