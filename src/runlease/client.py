@@ -4,7 +4,7 @@
 
     with Client("http://127.0.0.1:8080", token) as api:
         run = api.submit({"steps": [{"sleep": 1}]}, idempotency_key="order-42")
-        for event in api.events(run.id):      # resumes by itself after a dropped connection
+        for event in api.events(run.id):      # resumes by itself after a drop or a 503
             print(event)
         print(api.wait(run.id).status)
 
@@ -37,6 +37,12 @@ class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message, self.field = status, code, message, field
+
+
+# Answers after which a stream is reconnected, not given up: the API without
+# its database (503, with Retry-After), or a gateway in front of an API that
+# is restarting (502, 504).
+RETRY_STATUSES = frozenset({502, 503, 504})
 
 
 class NotFound(ApiError):
@@ -247,8 +253,9 @@ class Client:
 
     def events(self, run_id: UUID | str, *, after: int = 0, max_reconnects: int | None = None,
                read_timeout_s: float = 60.0) -> Iterator[StreamEvent | RunEnded]:
-        """The run's events, live; reconnects with Last-Event-ID after a drop,
-        so nothing is lost or repeated; ends after RunEnded."""
+        """The run's events, live; reconnects with Last-Event-ID after a drop
+        (or a 502, 503 or 504 answer), so nothing is lost or repeated; ends
+        after RunEnded."""
         reconnects, delay = 0, 0.2
         while True:
             parser = SseParser()
@@ -270,6 +277,9 @@ class Client:
                             return
             except httpx.TransportError:
                 pass
+            except ApiError as exc:
+                if exc.status not in RETRY_STATUSES:
+                    raise
             reconnects += 1
             if max_reconnects is not None and reconnects > max_reconnects:
                 raise ConnectionError(f"event stream of {run_id} dropped {reconnects} times")
@@ -376,6 +386,9 @@ class AsyncClient:
                             return
             except httpx.TransportError:
                 pass
+            except ApiError as exc:
+                if exc.status not in RETRY_STATUSES:
+                    raise
             reconnects += 1
             if max_reconnects is not None and reconnects > max_reconnects:
                 raise ConnectionError(f"event stream of {run_id} dropped {reconnects} times")
