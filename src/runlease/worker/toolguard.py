@@ -1,0 +1,171 @@
+"""The guard of one tool process group: nothing of a tool outlives its worker.
+
+    python -I -S toolguard.py <lifeline fd> <status fd> <argv...>
+
+The worker starts this file (never imported: it runs on the standard library
+alone, in a fresh interpreter that knows nothing of the worker) as the
+leader of a new session, so the guard's pid is the tool's process group id
+and the worker's group signals (SIGTERM, then SIGKILL after the grace) reach
+the guard and the tool alike. The guard:
+
+- forks the tool into its own group (the tool's direct child gets
+  PR_SET_PDEATHSIG SIGKILL, should the guard alone be killed);
+- is the child subreaper of everything the tool starts: an orphaned
+  grandchild (`sleep 300 &` of a shell that exited) is reparented to the
+  guard, not to PID 1, so the guard still holds it;
+- blocks on the lifeline, a pipe whose only write end the worker holds; the
+  kernel closes it when the worker dies by any means (kill -9, OOM), and the
+  guard then SIGKILLs its whole group and every descendant, then itself;
+- reports to the worker on the status pipe: `exec <errno>` when the tool
+  cannot be started, `exit <code>` when the tool's main process ended
+  (negative: killed by that signal);
+- ignores SIGTERM (the worker's group SIGTERM is for the tool) and stays
+  until every descendant has ended, reaping them; it exits with the tool's
+  code, or 0 when it reported one.
+
+A PR_SET_PDEATHSIG on the guard would only tell it that the worker *thread*
+that started it ended; the lifeline tells it that the worker process is gone.
+"""
+
+import contextlib
+import ctypes
+import errno
+import os
+import select
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+KILL_ROUNDS = 1000  # each round kills what the last one's deaths reparented to us
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+
+
+def _write(fd: int, text: str) -> None:
+    with contextlib.suppress(OSError):  # the worker is gone: the lifeline will say so
+        os.write(fd, text.encode())
+
+
+def _start(argv: list[str], guard: int) -> tuple[int, int]:
+    """Fork and exec the tool; (pid, errno of a failed exec or 0)."""
+    err_r, err_w = os.pipe()  # close-on-exec: EOF alone means the exec worked
+    pid = os.fork()
+    if pid == 0:  # the tool, until exec
+        try:
+            os.close(err_r)
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != guard:  # the guard died before the line above
+                os._exit(137)
+            # Python ignores these, and an ignored signal stays ignored across
+            # exec (the guard's own handlers are reset by exec itself).
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            os.write(err_w, str(exc.errno or errno.ENOEXEC).encode())
+        finally:
+            os._exit(127)
+    os.close(err_w)
+    raw = b""
+    while chunk := os.read(err_r, 64):
+        raw += chunk
+    os.close(err_r)
+    return pid, int(raw) if raw else 0
+
+
+def _others(guard: int) -> list[int]:
+    """Live processes of the guard's group or parented by it, but the guard."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == guard:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # fields: state, ppid, pgrp, ...
+        if fields[0] != "Z" and (int(fields[2]) == guard or int(fields[1]) == guard):
+            found.append(int(name))
+    return found
+
+
+def _kill_everything(guard: int) -> None:
+    """The worker is gone: SIGKILL the group and every descendant, then the guard."""
+    for _ in range(KILL_ROUNDS):
+        victims = _others(guard)
+        if not victims:
+            break
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _reap(None, -1)
+    os.killpg(guard, signal.SIGKILL)
+
+
+def _reap(tool: int | None, status: int) -> tuple[bool, int | None]:
+    """Reap every child that has ended: (any child left, the tool's exit code
+    if it was among them, reported on the status pipe at once)."""
+    code = None
+    while True:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False, code
+        if pid == 0:
+            return True, code
+        if pid == tool:
+            code = os.waitstatus_to_exitcode(wait_status)
+            _write(status, f"exit {code}\n")
+            os.close(status)
+
+
+def main(args: list[str]) -> int:
+    lifeline, status = int(args[0]), int(args[1])
+    argv = args[2:]
+    guard = os.getpid()
+    os.set_inheritable(lifeline, False)
+    os.set_inheritable(status, False)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # a handler: the tool gets SIG_DFL at exec
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN | select.POLLHUP | select.POLLERR)
+    poller.register(wake_r, select.POLLIN)
+    # The tool inherits fds 0-2 as the worker gave them; then the guard lets
+    # go of the output pipes: holding them would keep the worker reading
+    # until the guard, not the tool, is done.
+    tool, failed = _start(argv, guard)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    if failed:
+        _write(status, f"exec {failed}\n")
+        os.close(status)
+        _reap(None, -1)
+        return 127
+    reported = False
+    while True:
+        left, code = _reap(None if reported else tool, status)
+        reported = reported or code is not None
+        if not left:
+            return 0
+        for fd, _ in poller.poll():
+            if fd == lifeline:
+                _kill_everything(guard)
+                return 137
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 512)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
