@@ -38,7 +38,9 @@ class WorkerProcess:
         self.log_path = log_dir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLEASE_")}
         env.update({
-            "PYTHONPATH": str(ROOT),
+            # This tree's code first: the virtualenv's editable install may
+            # point at another checkout.
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
             "RUNLEASE_DATABASE_URL": database_url,
             "RUNLEASE_METRICS_PORT": "0",
             "POD_UID": f"pod-{name}",
