@@ -161,7 +161,7 @@ async def test_no_tool_outlives_a_killed_worker(
     marker = "301.27"
     # A background sleep, one that leaves the group (setsid), and the shell's own.
     script = f"sleep {marker} & setsid sleep {marker} & sleep {marker}"
-    queued = await live_store.enqueue("default", "acme", {"steps": [
+    await live_store.enqueue("default", "acme", {"steps": [
         {"shell": ["sh", "-c", script]}]})
     worker = workers("a", agent="runlease.agents.script:agent")
     # The shell and three sleeps (and now the guard: its command line names the tool's).
