@@ -69,7 +69,8 @@ class WorkerProcess:
         self.proc.send_signal(sig)
 
     def kill9(self) -> None:
-        """kill -9 of the worker only: its tools live on, as after an OOM kill."""
+        """kill -9 of the worker only, as an OOM kill would: its tools' guards
+        (worker/toolguard.py) then kill them."""
         self.signal(signal.SIGKILL)
         self.wait(10)
 

@@ -17,8 +17,9 @@ the guard and the tool alike. The guard:
   kernel closes it when the worker dies by any means (kill -9, OOM), and the
   guard then SIGKILLs its whole group and every descendant, then itself;
 - reports to the worker on the status pipe: `exec <errno>` when the tool
-  cannot be started, `exit <code>` when the tool's main process ended
-  (negative: killed by that signal);
+  cannot be started, `exit <code> <left>` when the tool's main process ended
+  (code negative: killed by that signal; left 1 if any of its descendants
+  still runs, which the worker then stops);
 - ignores SIGTERM (the worker's group SIGTERM is for the tool) and stays
   until every descendant has ended, reaping them; it exits with the tool's
   code, or 0 when it reported one.
@@ -110,19 +111,24 @@ def _kill_everything(guard: int) -> None:
 
 def _reap(tool: int | None, status: int) -> tuple[bool, int | None]:
     """Reap every child that has ended: (any child left, the tool's exit code
-    if it was among them, reported on the status pipe at once)."""
+    if it was among them). The tool's code is reported on the status pipe with
+    whether anything of it is left: the worker stops the rest only then."""
     code = None
     while True:
         try:
             pid, wait_status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return False, code
+            left = False
+            break
         if pid == 0:
-            return True, code
+            left = True
+            break
         if pid == tool:
             code = os.waitstatus_to_exitcode(wait_status)
-            _write(status, f"exit {code}\n")
-            os.close(status)
+    if code is not None:
+        _write(status, f"exit {code} {int(left)}\n")
+        os.close(status)
+    return left, code
 
 
 def main(args: list[str]) -> int:

@@ -196,15 +196,17 @@ class ToolRunner:
                                          return_when=asyncio.FIRST_COMPLETED)
             if output in done:
                 out, err, status = output.result()
-                # What the tool left running in its group (its output closed)
-                # is stopped now; then the guard, holding nothing, exits.
-                await asyncio.shield(terminate_group(proc, self.grace()))
-                word, _, number = status.partition(" ")
+                word, *numbers = status.split()
+                if word == "exit" and numbers[1:] == ["0"]:
+                    await proc.wait()  # nothing left: the guard is exiting
+                else:
+                    # What the tool left running in its group (its output
+                    # closed) is stopped now; then the guard exits.
+                    await asyncio.shield(terminate_group(proc, self.grace()))
                 if word == "exec":
-                    code = int(number)
-                    raise OSError(code, os.strerror(code), argv[0])
+                    raise OSError(int(numbers[0]), os.strerror(int(numbers[0])), argv[0])
                 if word == "exit":
-                    code = int(number)
+                    code = int(numbers[0])
                 else:  # no status: the guard itself was killed before the tool ended
                     code = proc.returncode if proc.returncode else -signal.SIGKILL
                 return ToolResult(tuple(argv), code, out.decode(errors="replace"),
