@@ -19,6 +19,7 @@ import pytest
 
 from runlease.db.models import Run
 from runlease.db.store import RunStore
+from runlease.worker import toolenv
 from runlease.worker.tools import ToolRunner
 from tests.support.proc import ROOT, WorkerProcess, processes_with
 from tests.support.waiting import until, until_sync
@@ -190,7 +191,9 @@ async def test_a_tool_call_leaves_nothing_running(
     assert (await live_store.get_steps(run.id))["0"].result["stdout"] == "started\n"
 
 
-async def test_the_guard_reports_what_the_tool_did(tmp_path: Path) -> None:
+async def test_the_guard_reports_what_the_tool_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = ToolRunner(asyncio.Event(), 1.0)
     with pytest.raises(FileNotFoundError):
         await runner.run(["/no/such/tool"])
@@ -200,6 +203,11 @@ async def test_the_guard_reports_what_the_tool_did(tmp_path: Path) -> None:
     assert (result.returncode, result.stdout, result.stderr) == (3, f"{tmp_path}\n", "err\n")
     killed = await runner.run(["sh", "-c", "kill -9 $$"])
     assert killed.returncode == -signal.SIGKILL
+    # The tool gets the environment built for it, and nothing the guard's own
+    # interpreter added (Python sets LC_CTYPE when it coerces a C locale).
+    monkeypatch.delenv("LC_CTYPE", raising=False)
+    monkeypatch.setenv("LANG", "C")
+    assert parse_env((await runner.run(["env"])).stdout) == toolenv.build(None)
     assert not runner.live
 
 

@@ -41,10 +41,24 @@ PR_SET_CHILD_SUBREAPER = 36
 KILL_ROUNDS = 1000  # each round kills what the last one's deaths reparented to us
 
 
-def _prctl(option: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
+def _prctl(option: int, value: int) -> bool:
+    """prctl(2); False where there is none (not Linux): the guard then still
+    kills its group when the worker dies, but cannot hold what leaves it."""
+    try:
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _tool_environ() -> dict[bytes, bytes]:
+    """The environment the worker gave, exactly: Python itself may have added
+    to os.environ at start (LC_CTYPE, when it coerces a C locale)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return dict(os.environb)
+    return dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
 
 
 def _write(fd: int, text: str) -> None:
@@ -54,6 +68,7 @@ def _write(fd: int, text: str) -> None:
 
 def _start(argv: list[str], guard: int) -> tuple[int, int]:
     """Fork and exec the tool; (pid, errno of a failed exec or 0)."""
+    env = _tool_environ()
     err_r, err_w = os.pipe()  # close-on-exec: EOF alone means the exec worked
     pid = os.fork()
     if pid == 0:  # the tool, until exec
@@ -66,7 +81,7 @@ def _start(argv: list[str], guard: int) -> tuple[int, int]:
             # exec (the guard's own handlers are reset by exec itself).
             for sig in (signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(sig, signal.SIG_DFL)
-            os.execvp(argv[0], argv)
+            os.execvpe(argv[0], argv, env)
         except OSError as exc:
             os.write(err_w, str(exc.errno or errno.ENOEXEC).encode())
         finally:
@@ -81,8 +96,12 @@ def _start(argv: list[str], guard: int) -> tuple[int, int]:
 
 def _others(guard: int) -> list[int]:
     """Live processes of the guard's group or parented by it, but the guard."""
-    found = []
-    for name in os.listdir("/proc"):
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no /proc: the group kill that follows is all there is
+        return found
+    for name in names:
         if not name.isdigit() or int(name) == guard:
             continue
         try:

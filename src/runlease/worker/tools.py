@@ -196,7 +196,7 @@ class ToolRunner:
                                          return_when=asyncio.FIRST_COMPLETED)
             if output in done:
                 out, err, status = output.result()
-                word, *numbers = status.split()
+                word, *numbers = status.split() or [""]
                 if word == "exit" and numbers[1:] == ["0"]:
                     await proc.wait()  # nothing left: the guard is exiting
                 else:
