@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,9 +44,10 @@ ALLOWED = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR"}
 def workers(db_url: str, tmp_path: Path) -> Iterator[Any]:
     started: list[WorkerProcess] = []
 
-    def start(name: str, **settings: Any) -> WorkerProcess:
+    def start(name: str, prefix: tuple[str, ...] = (), **settings: Any) -> WorkerProcess:
         process = WorkerProcess(db_url, tmp_path, name, FAST | settings)
         process.env.update(PLANTED, DATABASE_URL=db_url, LANG="C.UTF-8", TZ="UTC")
+        process.argv_prefix = list(prefix)
         started.append(process.start())
         return process
 
@@ -111,6 +114,26 @@ async def test_agent_code_cannot_hand_the_workers_environment_to_a_tool(
     assert env["AGENT_SET"] == "set-by-the-agent"  # what the agent itself set does pass
     assert env["RUNLEASE_RUN_ID"] == str(run.id)
     assert "tool_env_refused names=SMUGGLED" in worker.log()
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
+async def test_a_tool_cannot_read_its_workers_start_environment(
+    live_store: RunStore, workers: Any
+) -> None:
+    # /proc/<pid>/environ keeps what a process was started with, whatever it
+    # removed since. A tool of the worker's user reads it unless the worker is
+    # non-dumpable. As in a worker pod, the worker (and so its tools) runs
+    # with no capability: here as root, whose capabilities would allow it.
+    no_caps = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
+    worker = workers("a", prefix=no_caps, agent="runlease.agents.script:agent")
+    assert worker.proc is not None
+    read = ["sh", "-c", f"tr '\\0' '\\n' < /proc/{worker.proc.pid}/environ; echo status=$?"]
+    queued = await live_store.enqueue("default", "acme", {"steps": [{"shell": read}]})
+    run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    stdout = (await live_store.get_steps(run.id))["0"].result["stdout"]
+    assert "DATABASE_URL" not in stdout
+    assert re.fullmatch(r"status=[1-9]\n", stdout), stdout  # Permission denied
 
 
 async def test_a_pool_grant_passes_a_variable_but_never_the_database_url(

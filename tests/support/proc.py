@@ -49,12 +49,14 @@ class WorkerProcess:
             env["RUNLEASE_" + key.upper()] = str(value).lower() if isinstance(value, bool) \
                 else str(value)
         self.env = env
+        self.argv_prefix: list[str] = []  # e.g. setpriv, to start it with fewer privileges
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runlease", "worker"], env=self.env, cwd=ROOT,
+            [*self.argv_prefix, sys.executable, "-m", "runlease", "worker"], env=self.env,
+            cwd=ROOT,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
