@@ -128,11 +128,16 @@ def _state() -> _Sealed:
     return _sealed if _sealed is not None else _classify(os.environ, ())
 
 
+_warned: set[frozenset[str]] = set()
+
+
 def check_grant(grant: Iterable[str]) -> frozenset[str]:
-    """The granted names a tool may get: the database URL variables are refused."""
+    """The granted names a tool may get: the database URL variables are refused
+    (logged once per grant, not once per run)."""
     names = frozenset(grant)
     refused = names & DATABASE_VARS
-    if refused:
+    if refused and refused not in _warned:
+        _warned.add(refused)
         log.warning("tool_env_grant_refused names=%s: the worker's database URL is never "
                     "given to tools", ",".join(sorted(refused)))
     return names - refused
