@@ -53,14 +53,20 @@ def test_what_the_agent_sets_passes_but_the_deny_side_never() -> None:
                 "KEY_AGAIN"} & set(env)
 
 
-def test_a_grant_passes_a_worker_variable_but_never_the_database_url() -> None:
-    grant = frozenset({"GITHUB_TOKEN", "HTTPS_PROXY", "NOT_SET", "RUNLEASE_DATABASE_URL"})
+def test_a_grant_passes_a_worker_variable_but_never_the_database_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ALIAS", f"the url: {URL}")  # the database under another name
+    grant = frozenset({"GITHUB_TOKEN", "HTTPS_PROXY", "NOT_SET", "RUNLEASE_DATABASE_URL",
+                       "ALIAS"})
     env = toolenv.build({"GH": "token=ghp_workertoken1"}, grant=grant)
+    assert "ALIAS" not in env
     assert env["GITHUB_TOKEN"] == "ghp_workertoken1"
     assert env["HTTPS_PROXY"] == "http://proxy:3128"
     assert env["GH"] == "token=ghp_workertoken1"  # a granted value is no longer a secret
     assert "NOT_SET" not in env
     assert "RUNLEASE_DATABASE_URL" not in env
     assert toolenv.check_grant(grant) == grant - {"RUNLEASE_DATABASE_URL"}
+    assert "COPY" not in toolenv.build({"COPY": URL}, grant=grant)
     assert "PLAIN" not in env
     assert "OPENAI_API_KEY" not in env

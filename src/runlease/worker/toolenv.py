@@ -66,6 +66,7 @@ class _Sealed:
     environ: Mapping[str, str]
     deny_names: frozenset[str]
     secrets: frozenset[str]  # values
+    database: frozenset[str]  # the database URLs: secret even when granted
 
 
 _sealed: _Sealed | None = None
@@ -81,25 +82,29 @@ def is_worker_name(name: str) -> bool:
     return is_runlease_name(name) or name in SETTING_VARS or bool(SECRET_NAME.search(name))
 
 
-def _classify(environ: Mapping[str, str], extra_secrets: Iterable[str | None]) -> _Sealed:
+def _long(values: Iterable[str | None]) -> frozenset[str]:
+    return frozenset(v for v in values if v and len(v) >= SECRET_VALUE_MIN_CHARS)
+
+
+def _classify(environ: Mapping[str, str], database_urls: Iterable[str | None]) -> _Sealed:
     deny = frozenset(name for name in environ if is_worker_name(name)) | SETTING_VARS
-    secrets = {value for name, value in environ.items()
-               if (SECRET_NAME.search(name) or name in DATABASE_VARS)}
-    secrets.update(v for v in extra_secrets if v)
-    return _Sealed(dict(environ), deny,
-                   frozenset(v for v in secrets if len(v) >= SECRET_VALUE_MIN_CHARS))
+    database = _long([*database_urls, *(environ.get(name) for name in DATABASE_VARS)])
+    secrets = _long(value for name, value in environ.items() if SECRET_NAME.search(name))
+    return _Sealed(dict(environ), deny, secrets | database, database)
 
 
-def seal(extra_secrets: Iterable[str | None] = ()) -> None:
+def seal(database_urls: Iterable[str | None] = ()) -> None:
     """At worker start: remember the environment, take the worker's secrets
-    out of os.environ, and make the process non-dumpable. `extra_secrets` are
-    secret values that did not come from the environment (a --database-url)."""
+    out of os.environ, and make the process non-dumpable. `database_urls` are
+    the worker's own, which may not have come from the environment
+    (--database-url)."""
     global _sealed
     if _sealed is None:
-        _sealed = _classify(os.environ, extra_secrets)
-    else:  # a second Worker in one process: add its secrets, keep the first record
-        _sealed = _Sealed(_sealed.environ, _sealed.deny_names, _sealed.secrets | frozenset(
-            v for v in extra_secrets if v and len(v) >= SECRET_VALUE_MIN_CHARS))
+        _sealed = _classify(os.environ, database_urls)
+    else:  # a second Worker in one process: add its URLs, keep the first record
+        more = _long(database_urls)
+        _sealed = _Sealed(_sealed.environ, _sealed.deny_names, _sealed.secrets | more,
+                          _sealed.database | more)
     removed = [name for name in list(os.environ)
                if name in _sealed.deny_names and not name.startswith(LIBPQ_PREFIX)]
     for name in removed:
@@ -152,9 +157,10 @@ def build(
     """The environment of one tool process (see the module docstring)."""
     state = _state()
     start = state.environ
-    grant = grant - DATABASE_VARS
+    grant = frozenset(name for name in grant - DATABASE_VARS
+                      if not any(url in start.get(name, "") for url in state.database))
     granted_values = {start[name] for name in grant if name in start}
-    secrets = [s for s in state.secrets if s not in granted_values]
+    secrets = [s for s in state.secrets if s not in granted_values or s in state.database]
     env = {name: value for name, value in start.items()
            if name in ALLOWED or name.startswith(ALLOWED_PREFIXES) or name in grant}
     env.update(run_env or {})
