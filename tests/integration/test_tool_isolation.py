@@ -196,6 +196,28 @@ async def test_no_tool_outlives_a_killed_worker(
     assert processes_with(f"sleep {marker}") == []
 
 
+async def test_a_cancel_stops_what_left_the_tools_group_too(
+    live_store: RunStore, db_url: str
+) -> None:
+    marker = "303.17"
+    # Two processes that leave the group (setsid): one obeys SIGTERM, one ignores it.
+    script = (f"setsid sleep {marker} & setsid sh -c 'trap \"\" TERM; sleep {marker}' & "
+              f"sleep {marker}")
+    queued = await live_store.enqueue("default", "acme", {"steps": [
+        {"shell": ["sh", "-c", script]}]})
+    try:
+        async with running_worker(db_url, tool_kill_grace_s=1):
+            await until(lambda: _at_least(5, f"sleep {marker}"), what="the tool to start")
+            await live_store.request_cancel(queued.run.id)
+            run = await finished(live_store, queued.run.id)
+            # The run was finalized after its tool was stopped.
+            assert processes_with(f"sleep {marker}") == []
+    finally:
+        for pid in processes_with(f"sleep {marker}"):
+            os.kill(pid, signal.SIGKILL)
+    assert run.status == "cancelled"
+
+
 async def test_a_tool_call_leaves_nothing_running(
     live_store: RunStore, db_url: str
 ) -> None:

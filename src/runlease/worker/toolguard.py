@@ -20,9 +20,13 @@ the guard and the tool alike. The guard:
   cannot be started, `exit <code> <left>` when the tool's main process ended
   (code negative: killed by that signal; left 1 if any of its descendants
   still runs, which the worker then stops);
-- ignores SIGTERM (the worker's group SIGTERM is for the tool) and stays
-  until every descendant has ended, reaping them; it exits with the tool's
-  code, or 0 when it reported one.
+- survives the worker's group SIGTERM (which is for the tool), passing it on
+  to descendants that left the group, and stays until every descendant has
+  ended, reaping them; it exits 0 once it reported the tool's code;
+- on SIGUSR1, the worker's "kill it all" (what a stop does after the grace,
+  or at once when the lease is lost), SIGKILLs the group and every
+  descendant, then itself: a SIGKILL of the group alone would kill the guard
+  and leave a descendant that left the group (setsid) running.
 
 A PR_SET_PDEATHSIG on the guard would only tell it that the worker *thread*
 that started it ended; the lifeline tells it that the worker process is gone.
@@ -94,38 +98,60 @@ def _start(argv: list[str], guard: int) -> tuple[int, int]:
     return pid, int(raw) if raw else 0
 
 
-def _others(guard: int) -> list[int]:
-    """Live processes of the guard's group or parented by it, but the guard."""
-    found: list[int] = []
+def _tree(guard: int) -> list[tuple[int, int]]:
+    """(pid, process group) of every live process of the guard's group and
+    every descendant of the guard, the guard left out: one that moved to a
+    group or session of its own (setsid) is still a descendant."""
+    stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, pgrp)
     try:
         names = os.listdir("/proc")
-    except OSError:  # no /proc: the group kill that follows is all there is
-        return found
+    except OSError:  # no /proc: the group kill is all there is
+        return []
     for name in names:
-        if not name.isdigit() or int(name) == guard:
+        if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        # fields: state, ppid, pgrp, ...
-        if fields[0] != "Z" and (int(fields[2]) == guard or int(fields[1]) == guard):
-            found.append(int(name))
-    return found
+        if fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            stats[int(name)] = (int(fields[1]), int(fields[2]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    found = {pid for pid, (_, pgrp) in stats.items() if pgrp == guard}
+    stack = [guard]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    found.discard(guard)
+    return [(pid, stats[pid][1]) for pid in found if pid in stats]
 
 
 def _kill_everything(guard: int) -> None:
-    """The worker is gone: SIGKILL the group and every descendant, then the guard."""
+    """SIGKILL the group and every descendant, then the guard itself: when the
+    worker is gone, or when it asks (SIGUSR1) instead of killing the group."""
     for _ in range(KILL_ROUNDS):
-        victims = _others(guard)
+        victims = _tree(guard)
         if not victims:
             break
-        for pid in victims:
+        for pid, _ in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _reap(None, -1)
     os.killpg(guard, signal.SIGKILL)
+
+
+def _terminate_escaped(guard: int) -> None:
+    """The worker's SIGTERM reached the group: pass it to the descendants that
+    left the group, so a stop gives them the same grace."""
+    for pid, pgrp in _tree(guard):
+        if pgrp != guard:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def _reap(tool: int | None, status: int) -> tuple[bool, int | None]:
@@ -157,7 +183,9 @@ def main(args: list[str]) -> int:
     os.set_inheritable(lifeline, False)
     os.set_inheritable(status, False)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # a handler: the tool gets SIG_DFL at exec
+    # Handlers, not SIG_IGN: the tool gets SIG_DFL back at exec.
+    signal.signal(signal.SIGTERM, lambda *_: _terminate_escaped(guard))
+    signal.signal(signal.SIGUSR1, lambda *_: _kill_everything(guard))
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)

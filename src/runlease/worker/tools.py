@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 64 * 1024
 GUARD = Path(__file__).with_name("toolguard.py")
+GUARD_KILL_S = 5.0  # a guard kills its tree in milliseconds; past this, SIGKILL the group
 # The lifeline of every guard: a pipe whose write end only this process holds
 # (non-inheritable, never closed). The kernel closes it when the worker dies,
 # however it dies, and each guard reads that as "kill your tool".
@@ -90,7 +91,10 @@ def group_alive(pgid: int) -> bool:
 
 
 async def terminate_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """SIGTERM to the process group, SIGKILL after grace_s; reaps the leader."""
+    """SIGTERM to the process group, SIGKILL after grace_s; reaps the leader.
+
+    The SIGKILL is the guard's to send (SIGUSR1): it reaches the descendants
+    that left the group too. The group's SIGKILL follows as the fallback."""
     pgid = proc.pid  # a session leader's pgid is its pid
     if grace_s > 0:
         with contextlib.suppress(ProcessLookupError):
@@ -102,6 +106,11 @@ async def terminate_group(proc: asyncio.subprocess.Process, grace_s: float) -> N
                     await asyncio.wait_for(proc.wait(), 0.05)
             else:
                 await asyncio.sleep(0.05)  # children may outlive the leader briefly
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pgid, signal.SIGUSR1)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), GUARD_KILL_S)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     await proc.wait()
