@@ -117,7 +117,7 @@ async def test_agent_code_cannot_hand_the_workers_environment_to_a_tool(
 
 
 @pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux)")
-async def test_a_tool_cannot_read_its_workers_start_environment(
+async def test_a_tool_cannot_reach_into_its_worker_or_its_guard(
     live_store: RunStore, workers: Any
 ) -> None:
     # /proc/<pid>/environ keeps what a process was started with, whatever it
@@ -128,12 +128,19 @@ async def test_a_tool_cannot_read_its_workers_start_environment(
     worker = workers("a", prefix=no_caps, agent="runlease.agents.script:agent")
     assert worker.proc is not None
     read = ["sh", "-c", f"tr '\\0' '\\n' < /proc/{worker.proc.pid}/environ; echo status=$?"]
-    queued = await live_store.enqueue("default", "acme", {"steps": [{"shell": read}]})
+    # Nor its guard's open files: a write end opened on the guard's lifeline
+    # would keep it from seeing the worker die; a forged status, fool the worker.
+    guard = ["sh", "-c", 'for f in /proc/$PPID/fd/*; do true <> "$f" && echo "opened $f"; done '
+                         "2> /dev/null; echo end"]
+    queued = await live_store.enqueue("default", "acme", {"steps": [
+        {"shell": read}, {"shell": guard}]})
     run = await finished(live_store, queued.run.id)
     assert run.status == "done", run.error_message
-    stdout = (await live_store.get_steps(run.id))["0"].result["stdout"]
+    steps = await live_store.get_steps(run.id)
+    stdout = steps["0"].result["stdout"]
     assert "DATABASE_URL" not in stdout
     assert re.fullmatch(r"status=[1-9]\n", stdout), stdout  # Permission denied
+    assert steps["1"].result["stdout"] == "end\n"
 
 
 async def test_a_pool_grant_passes_a_variable_but_never_the_database_url(

@@ -41,6 +41,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 KILL_ROUNDS = 1000  # each round kills what the last one's deaths reparented to us
 
@@ -183,6 +184,10 @@ def main(args: list[str]) -> int:
     os.set_inheritable(lifeline, False)
     os.set_inheritable(status, False)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    # The tool runs as the guard's user: non-dumpable, the guard's /proc/<pid>/fd
+    # (the status pipe: a forged "exit") and memory are closed to it. exec
+    # makes the tool dumpable again.
+    _prctl(PR_SET_DUMPABLE, 0)
     # Handlers, not SIG_IGN: the tool gets SIG_DFL back at exec.
     signal.signal(signal.SIGTERM, lambda *_: _terminate_escaped(guard))
     signal.signal(signal.SIGUSR1, lambda *_: _kill_everything(guard))

@@ -64,10 +64,10 @@ class ToolResult:
 
 
 def group_alive(pgid: int) -> bool:
-    """Is any process of the group still running? Zombies do not count: a
-    killed tool's children are reparented to PID 1, which may reap them late
-    (or never, in a container without an init), and waiting for a zombie to
-    disappear would only spend the grace for nothing."""
+    """Is any process of the group still running? Zombies do not count: the
+    orphans of a killed guard are reparented to PID 1, which may reap them
+    late (or never, in a container without an init), and waiting for a zombie
+    to disappear would only spend the grace for nothing."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -206,7 +206,7 @@ class ToolRunner:
             if output in done:
                 out, err, status = output.result()
                 word, *numbers = status.split() or [""]
-                if word == "exit" and numbers[1:] == ["0"]:
+                if word == "exec" or numbers[1:] == ["0"]:
                     await proc.wait()  # nothing left: the guard is exiting
                 else:
                     # What the tool left running in its group (its output
