@@ -6,9 +6,10 @@
 #   docker build -t runlease:0.1.0 .
 #   docker run --rm runlease:0.1.0 worker --help
 #
-# scripts/check-image does what this file does without Docker (the wheel
-# built the same way, installed into a clean virtualenv, the CLI started),
-# and tests/chart/test_dockerfile.py checks both.
+# scripts/build-image builds it with docker, buildah or podman (and, where no
+# registry is reachable, on a python-base:3.11 made from Debian's packages),
+# CI runs it through tests/image, and tests/chart/test_dockerfile.py reads
+# this file. docs/deploy.md tells how.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 

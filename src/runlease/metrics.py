@@ -42,8 +42,15 @@ SELF_FENCED = Counter(
     "Runs stopped by the worker's own clock because it could not renew in time.", ["pool"])
 STALE_WRITES = Counter(
     "runlease_stale_writes_rejected_total",
-    "Fenced writes (ack, nack, event, step...) that matched no row: the lease was gone.",
+    "Fenced writes refused because the lease was gone: heartbeats, events, steps, acks, "
+    "nacks, fails, cancels and releases that matched no row.",
     ["pool"])
+HEARTBEAT_DELAY = Histogram(
+    "runlease_heartbeat_delay_seconds",
+    "How late the lease keeper woke for a renewal or a fence check: time the event loop "
+    "was blocked (by agent code that does not await, say). Runs are fenced by the clock, "
+    "so a long stall self-fences them.",
+    ["pool"], buckets=(*_LATENCY_BUCKETS, 10.0, 30.0, 60.0))
 CANCELS = Counter("runlease_cancels_total", "Cancel requests this worker acted on.", ["pool"])
 CANCEL_LATENCY = Histogram(
     "runlease_cancel_latency_seconds",

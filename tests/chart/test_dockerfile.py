@@ -1,5 +1,7 @@
-"""The Dockerfile, read as instructions (there is no Docker engine here),
-and scripts/check-image, which does what it does without Docker."""
+"""The Dockerfile, read as instructions, and scripts/check-image, the
+fallback of scripts/build-image where no image builder exists (it does what
+the Dockerfile does in a virtualenv). The image itself, built and run, is
+tests/image's."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.image.engine import configured
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -135,9 +139,12 @@ def test_check_image_builds_the_wheel_the_same_way() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif("RUNLEASE_IMAGE" in configured(),
+                    reason="an image is built (scripts/build-image): tests/image runs it instead")
 def test_check_image(tmp_path: Path) -> None:
     """The wheel, installed with its dependencies into a clean virtualenv,
-    starts: what `docker build` and `docker run IMAGE worker --help` would show."""
+    starts: what `docker build` and `docker run IMAGE worker --help` would
+    show, where no builder can build the image itself."""
     result = subprocess.run(["bash", str(CHECK_IMAGE)], capture_output=True, text=True,
                             timeout=900, check=False,
                             env={**os.environ, "TMPDIR": str(tmp_path)})

@@ -112,10 +112,15 @@ async def test_bad_events_and_steps_are_refused(store: RunStore) -> None:
         await store.record_event(lease, "message", {"blob": "x" * 70_000})
     with pytest.raises(ValidationError, match="step_key"):
         await store.record_step(lease, "", {})
-    with pytest.raises(ValidationError, match="error_code"):
-        await store.nack(lease, "Not A Code", "x")
     assert await store.events_after(lease.run_id) == []
     assert (await store.get(lease.run_id)).status == "leased"
+    # An agent's odd error code never fails the write that ends its run: it is
+    # stored as invalid_error_code, the original named in the message.
+    assert await store.nack(lease, "Not A Code", "x") == "pending"
+    run = await store.get(lease.run_id)
+    assert run.error_code == "invalid_error_code"
+    assert run.error_message is not None
+    assert "'Not A Code'" in run.error_message
 
 
 async def test_claim_batch_and_list_limits(store: RunStore) -> None:

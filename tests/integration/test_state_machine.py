@@ -51,9 +51,11 @@ class Model:
     available_at: float = 0.0  # seconds on the test clock
     locked_until: float = 0.0
 
-    def held_by(self, lease: Lease) -> bool:
+    def held_by(self, lease: Lease, now: float) -> bool:
+        # An expired lease is no lease, reaped yet or not: every fenced write
+        # needs locked_until ahead of the database clock.
         return (self.status == "leased" and self.worker == lease.worker
-                and self.epoch == lease.epoch)
+                and self.epoch == lease.epoch and self.locked_until > now)
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -116,7 +118,7 @@ class QueueMachine(RuleBasedStateMachine):
         pairs = sorted({(lease.run_id, lease.epoch) for lease in chosen})
         held = {i for i, epoch in pairs
                 if self.model[i].status == "leased" and self.model[i].worker == worker
-                and self.model[i].epoch == epoch}
+                and self.model[i].epoch == epoch and self.model[i].locked_until > self.t}
         result = self.run(self.store.heartbeat(worker, pairs))
         assert set(result.held) == held
         assert result.cancel_requested == {i for i in held if self.model[i].cancel}
@@ -150,7 +152,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(lease=leases)
     def release(self, lease: Lease) -> None:
         m = self.model[lease.run_id]
-        held = m.held_by(lease)
+        held = m.held_by(lease, self.t)
         result = self.run(self.store.release(lease.worker, [(lease.run_id, lease.epoch)]))
         assert bool(result) == held
         if held:
@@ -163,7 +165,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(lease=leases)
     def finalize_cancel(self, lease: Lease) -> None:
         m = self.model[lease.run_id]
-        can = m.held_by(lease) and m.cancel
+        can = m.held_by(lease, self.t) and m.cancel
         try:
             self.run(self.store.finalize_cancel(lease))
         except LeaseLost:
@@ -219,7 +221,7 @@ class QueueMachine(RuleBasedStateMachine):
             m.status, m.attempts, m.cancel, m.available_at = "pending", 0, False, self.t
 
     def _fenced(self, lease: Lease, write: Coroutine[Any, Any, Any]) -> bool:
-        held = self.model[lease.run_id].held_by(lease)
+        held = self.model[lease.run_id].held_by(lease, self.t)
         try:
             self.run(write)
         except LeaseLost:

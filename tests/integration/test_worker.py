@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from runlease.db.models import Run
-from runlease.db.store import NewRun, RunStore
+from runlease.db.store import NewRun, Rendered, RunStore
 from runlease.worker.acker import Acker
 from runlease.worker.worker import Worker
 from tests.support import agents
@@ -270,9 +270,9 @@ async def test_acks_go_on_after_an_outage_met_an_ack_its_lost_lease_settled(
             ).fetchone()
         assert terminated is not None
         assert terminated[0] >= 1  # the pool's connections
-        settled = acker.submit(first, None)
+        settled = acker.submit(first, Rendered(None))
         settled.set_result(False)  # what a lost lease does
-        acked = acker.submit(second, None)
+        acked = acker.submit(second, Rendered(None))
         assert await asyncio.wait_for(acked, 10) is True
     finally:
         await acker.stop()

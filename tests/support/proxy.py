@@ -36,6 +36,10 @@ class CuttableProxy:
     def cut(self) -> None:
         self._cut.set()
 
+    def restore(self) -> None:
+        """The network comes back: what was sent during the cut arrives now, late."""
+        self._cut.clear()
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)

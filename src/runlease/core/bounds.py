@@ -36,6 +36,8 @@ POOL_MAX_CHARS = 48
 _POOL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
 _PRINTABLE_RE = re.compile(r"^[^\x00-\x20\x7f]+$")
 _EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+_ERROR_CODE_RE = _EVENT_KIND_RE
+INVALID_ERROR_CODE = "invalid_error_code"
 # A JSON escape of NUL: backslash-u0000 not itself preceded by an escaped
 # backslash (the text "\\u0000" in a string is an escaped backslash, then "u0000").
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -102,6 +104,14 @@ def check_aging_s(value: object) -> int:
     return _int("priority_aging_s", value, 0, AGING_S_MAX)
 
 
+class NotJson(ValidationError):
+    """A value JSON (or jsonb) cannot hold."""
+
+
+class TooLarge(ValidationError):
+    """A value over its size bound."""
+
+
 def json_text(field: str, value: object, max_bytes: int) -> str:
     """Serialize to the JSON text that will be stored, enforcing the size bound.
 
@@ -110,13 +120,16 @@ def json_text(field: str, value: object, max_bytes: int) -> str:
     """
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(field, f"is not representable as JSON: {exc}") from None
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotJson(field, f"is not representable as JSON: {exc}") from None
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
-        raise ValidationError(field, "must not contain the NUL character")
-    size = len(text.encode())
+        raise NotJson(field, "must not contain the NUL character")
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 for it, nor for jsonb
+        raise NotJson(field, "has a character that is not valid Unicode") from None
     if size > max_bytes:
-        raise ValidationError(field, f"is {size} bytes, over the bound of {max_bytes} bytes")
+        raise TooLarge(field, f"is {size} bytes, over the bound of {max_bytes} bytes")
     return text
 
 
@@ -132,6 +145,35 @@ def check_event_kind(value: object) -> str:
             "kind", "must be 1-64 characters: a lowercase letter, then letters, digits, _ . -"
         )
     return value
+
+
+def error_code(code: object, message: str) -> tuple[str, str]:
+    """An agent's error code as stored: kept when it is a code (1-64
+    characters: a-z, digits, _ . -), else `invalid_error_code` with the
+    original named in the message. Never raises: an odd code from agent code
+    must end its run with a clear error, not fail the write that ends it."""
+    if isinstance(code, str) and _ERROR_CODE_RE.match(code):
+        return code, message
+    shown = repr(code)[:80]
+    return INVALID_ERROR_CODE, f"(the agent's error code {shown} is not a valid code) {message}"
+
+
+class ResultRefused(ValidationError):
+    """A run's result (or a step's) that cannot be stored; `code` says why."""
+
+    def __init__(self, field: str, message: str, code: str) -> None:
+        super().__init__(field, message)
+        self.code = code
+
+
+def result_text(field: str, value: object, max_bytes: int) -> str:
+    """json_text for a result: refusals carry result_not_json or result_too_large."""
+    try:
+        return json_text(field, value, max_bytes)
+    except TooLarge as exc:
+        raise ResultRefused(field, exc.message, "result_too_large") from None
+    except ValidationError as exc:
+        raise ResultRefused(field, exc.message, "result_not_json") from None
 
 
 def check_step_key(value: object) -> str:

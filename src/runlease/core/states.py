@@ -64,3 +64,8 @@ class ErrorCode(StrEnum):
     FATAL = "fatal"
     TOOL_TIMEOUT = "tool_timeout"
     UNEXPECTED = "unexpected"
+    # A result or step the store refused: each ends its own run, never a batch.
+    RESULT_TOO_LARGE = "result_too_large"
+    RESULT_NOT_JSON = "result_not_json"
+    # An agent's own code that is not a code (see bounds.error_code).
+    INVALID_ERROR_CODE = "invalid_error_code"

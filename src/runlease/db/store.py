@@ -9,7 +9,6 @@ the fence matches zero rows.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core import bounds
 from runlease.core.ids import uuid7
@@ -58,7 +58,6 @@ def _json(text: str) -> Any:
 MAX_CLAIM_BATCH = 1000
 MAX_BATCH = 10_000  # reap and retention
 MAX_LIST_LIMIT = 500
-_ERROR_CODE_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
 
 def _check_batch(batch: int) -> None:
@@ -89,6 +88,19 @@ class QueueStats:
     @property
     def dead(self) -> int:
         return sum(self.dead_by_code.values())
+
+
+def stale_writes(pool: str, n: int = 1) -> None:
+    """A fenced write matched no row: its lease was gone."""
+    metrics.child(metrics.STALE_WRITES, pool).inc(n)
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A result already rendered by RunStore.render_result (the worker renders
+    each run's result before it joins an ack batch)."""
+
+    text: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,16 +169,27 @@ class RunStore:
     async def _fenced(self, name: str, lease: Lease, params: dict[str, Any],
                       conn: Conn | None) -> list[DictRow]:
         """A write fenced by the lease: zero rows means it is gone."""
-        params |= {"id": lease.run_id, "epoch": lease.epoch, "worker": lease.worker}
+        params |= {"id": lease.run_id, "epoch": lease.epoch, "worker": lease.worker,
+                   "channel_prefix": POOL_CHANNEL_PREFIX}
         rows = await self._rows(name, params, conn)
         if not rows:
+            stale_writes(lease.run.pool)
             raise LeaseLost(lease.run_id, lease.epoch)
         return rows
 
     def _error(self, code: str, message: str) -> tuple[str, str]:
-        if not _ERROR_CODE_RE.match(code):
-            raise ValidationError("error_code", "must be 1-64 characters: a-z, digits, _ . -")
+        """An error as stored: the code normalised (never refused: the write
+        that ends a run must not fail on what agent code chose), the message
+        redacted and bounded."""
+        code, message = bounds.error_code(code, str(message))
         return code, self.redactor.message(message, bounds.MAX_ERROR_MESSAGE_CHARS)
+
+    def render_result(self, result: Any) -> str | None:
+        """A run's result as it will be stored: redacted, JSON, bounded.
+        Raises ResultRefused (code result_not_json or result_too_large)."""
+        if result is None:
+            return None
+        return bounds.result_text("result", self.redactor.json(result), self.max_result_bytes)
 
     # -- enqueue ------------------------------------------------------------
 
@@ -324,7 +347,10 @@ class RunStore:
         )
 
     async def ack(self, lease: Lease, result: Any = None, *, conn: Conn | None = None) -> None:
-        lost = await self.ack_many([(lease, result)], conn=conn)
+        """Finish one run. A result that cannot be stored raises ResultRefused
+        and writes nothing."""
+        text = self.render_result(result)
+        lost = await self.ack_many([(lease, Rendered(text))], conn=conn)
         if lost:
             raise LeaseLost(lease.run_id, lease.epoch)
 
@@ -332,30 +358,50 @@ class RunStore:
         self, items: Sequence[tuple[Lease, Any]], *, conn: Conn | None = None
     ) -> set[UUID]:
         """Finish many runs of one worker in one statement; returns the ids
-        whose lease was lost."""
+        whose lease was lost.
+
+        Every result is rendered and checked first: one that cannot be stored
+        ends its own run dead (result_not_json or result_too_large) instead of
+        failing the batch. A result may come pre-rendered as `Rendered`."""
         if not items:
             return set()
         worker = items[0][0].worker
         if any(lease.worker != worker for lease, _ in items):
             raise ValueError("ack_many takes the leases of one worker")
-        rendered = [
-            None if result is None else bounds.json_text("result", result, self.max_result_bytes)
-            for _, result in items
-        ]
+        good: list[tuple[Lease, str | None]] = []
+        lost: set[UUID] = set()
+        for lease, result in items:
+            try:
+                good.append((lease, result.text if isinstance(result, Rendered)
+                             else self.render_result(result)))
+            except bounds.ResultRefused as exc:
+                try:
+                    await self.fail(lease, exc.code, f"the run's result {exc.message}",
+                                    conn=conn)
+                except LeaseLost:
+                    lost.add(lease.run_id)
+        if not good:
+            return lost
+        rendered = [text for _, text in good]
         # A batch of no-op runs has nothing to send: one NULL instead of an array.
         results = None if all(r is None for r in rendered) else rendered
         rows = await self._rows(
             "run_ack",
             {
                 "worker": worker,
-                "ids": [lease.run_id for lease, _ in items],
-                "epochs": [lease.epoch for lease, _ in items],
+                "ids": [lease.run_id for lease, _ in good],
+                "epochs": [lease.epoch for lease, _ in good],
                 "results": results,
+                "channel_prefix": POOL_CHANNEL_PREFIX,
             },
             conn,
         )
         done = {r["id"] for r in rows}
-        return {lease.run_id for lease, _ in items if lease.run_id not in done}
+        for lease, _ in good:
+            if lease.run_id not in done:
+                lost.add(lease.run_id)
+                stale_writes(lease.run.pool)
+        return lost
 
     async def nack(
         self,
@@ -444,8 +490,8 @@ class RunStore:
         tool printed), fenced; returns the result as stored. If the key was
         already recorded, the earlier result stays and is returned."""
         bounds.check_step_key(key)
-        text = bounds.json_text("result", self.redactor.json(result),
-                                bounds.MAX_STEP_RESULT_BYTES)
+        text = bounds.result_text("result", self.redactor.json(result),
+                                  bounds.MAX_STEP_RESULT_BYTES)
         rows = await self._fenced("run_step_record", lease, {"key": key, "result": text}, conn)
         return rows[0]["result"]
 

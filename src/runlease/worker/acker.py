@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from runlease import metrics
 from runlease.db.models import Lease
-from runlease.db.store import RunStore
+from runlease.db.store import Rendered, RunStore
 from runlease.errors import DatabaseUnavailable
 from runlease.services.loop import Service
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Ack:
+    lease: Lease
+    result: Rendered
+    may_write: Callable[[], bool]
+    done: asyncio.Future[bool]
 
 
 class Acker(Service):
@@ -29,16 +37,19 @@ class Acker(Service):
         self.store = store
         self.pool = pool
         self.max_batch = max_batch
-        self._queue: asyncio.Queue[tuple[Lease, Any, asyncio.Future[bool]]] = (
-            asyncio.Queue())
+        self._queue: asyncio.Queue[_Ack] = asyncio.Queue()
 
-    def submit(self, lease: Lease, result: Any) -> asyncio.Future[bool]:
-        """Queue an ack; the future says True once acked, False if the lease was
-        lost first. Whoever holds the run gives an ack up by settling the
-        future False (Worker._ack does, when the run's lease is lost or fenced):
-        a settled ack is dropped, never retried."""
+    def submit(self, lease: Lease, result: Rendered,
+               may_write: Callable[[], bool] = lambda: True) -> asyncio.Future[bool]:
+        """Queue an ack of a result already rendered (RunStore.render_result,
+        so no item can fail the batch it joins); the future says True once
+        acked, False if the lease was lost first. `may_write` is asked right
+        before each send: an ack whose fence has passed is dropped, not sent.
+        Whoever holds the run may also give an ack up by settling the future
+        False (Worker._ack does when the lease is lost): a settled ack is
+        dropped, never retried."""
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((lease, result, done))
+        self._queue.put_nowait(_Ack(lease, result, may_write, done))
         return done
 
     async def _main(self) -> None:
@@ -48,24 +59,41 @@ class Acker(Service):
                 batch.append(self._queue.get_nowait())
             await self._flush(batch)
 
-    async def _flush(self, batch: list[tuple[Lease, Any, asyncio.Future[bool]]]) -> None:
+    async def _flush(self, batch: list[_Ack]) -> None:
         delay = 0.05
-        while batch := [item for item in batch if not item[2].done()]:
+        while batch := self._sendable(batch):
             try:
-                lost = await self.store.ack_many([(lease, result) for lease, result, _ in batch])
+                lost = await self.store.ack_many([(a.lease, a.result) for a in batch])
             except DatabaseUnavailable as exc:
                 log.warning("ack_retry runs=%d error=%s", len(batch), exc)
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
-            except Exception as exc:  # handed to every waiter
-                for *_, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
+            except Exception as exc:
+                if len(batch) > 1:
+                    # Whatever went wrong, it must not hold up the other runs:
+                    # each is acked on its own, so only a culprit fails.
+                    log.warning("ack_batch_failed runs=%d error=%s: acking one by one",
+                                len(batch), exc)
+                    for one in batch:
+                        await self._flush([one])
+                    return
+                if not batch[0].done.done():
+                    batch[0].done.set_exception(exc)
                 return
-            if lost:
-                metrics.STALE_WRITES.labels(self.pool).inc(len(lost))
-            for lease, _, done in batch:
-                if not done.done():
-                    done.set_result(lease.run_id not in lost)
+            for a in batch:
+                if not a.done.done():
+                    a.done.set_result(a.lease.run_id not in lost)
             return
+
+    @staticmethod
+    def _sendable(batch: list[_Ack]) -> list[_Ack]:
+        keep = []
+        for a in batch:
+            if a.done.done():
+                continue
+            if not a.may_write():
+                a.done.set_result(False)
+                continue
+            keep.append(a)
+        return keep

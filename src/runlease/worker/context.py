@@ -20,14 +20,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from runlease.core.bounds import Budget
+from runlease.core.bounds import Budget, ResultRefused
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
-from runlease.errors import DatabaseUnavailable
+from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
-from runlease.worker.errors import BudgetExceeded, RunCancelled, ToolTimeout
+from runlease.worker.errors import BudgetExceeded, FatalError, RunCancelled, ToolTimeout
 from runlease.worker.http import CancellableHttp
 from runlease.worker.tools import ToolResult, ToolRunner
 
@@ -39,6 +39,15 @@ DELTA_FLUSH_CHARS = 2048
 DELTA_EVENT_CHARS = 16 * 1024
 
 
+class Fence(Protocol):
+    """The attempt's lease as the worker sees it (a RunHandle)."""
+
+    @property
+    def lease_lost(self) -> bool: ...
+
+    def may_write(self) -> bool: ...
+
+
 class RunContext:
     def __init__(
         self,
@@ -48,8 +57,10 @@ class RunContext:
         cancel: asyncio.Event,
         tools: ToolRunner,
         started: float | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.lease = lease
+        self._fence = fence
         self.store = store
         # Loaded on the first step(); a first lease (epoch 1) has none to load:
         # nothing ran before it. (A release or redrive keeps the epoch growing.)
@@ -101,6 +112,14 @@ class RunContext:
         return self._cancel.is_set()
 
     @property
+    def lease_lost(self) -> bool:
+        """True once this attempt's lease is gone (another attempt may own the
+        run now): the agent's task is being cancelled and nothing it writes
+        will be stored. Agent code that catches the cancellation can read it
+        to tell a lost lease from a Stop or a drain."""
+        return self._fence is not None and self._fence.lease_lost
+
+    @property
     def deadline_left_s(self) -> float | None:
         if self.budget.deadline_s is None:
             return None
@@ -136,8 +155,14 @@ class RunContext:
     # -- writes, fenced by the lease ---------------------------------------------
 
     async def _write(self, op: Callable[[], Awaitable[T]]) -> T:
+        """A fenced write that rides out database trouble, but never past the
+        fence: each try first checks the attempt may still write, so a write
+        retried through an outage is dropped, not sent, once the lease could
+        have expired."""
         delay = 0.1
         while True:
+            if self._fence is not None and not self._fence.may_write():
+                raise LeaseLost(self.run_id, self.lease_epoch)
             try:
                 return await op()
             except DatabaseUnavailable as exc:
@@ -207,7 +232,10 @@ class RunContext:
         await self.check()
         result = await fn()
         await self.flush()
-        stored = await self._write(lambda: self.store.record_step(self.lease, key, result))
+        try:
+            stored = await self._write(lambda: self.store.record_step(self.lease, key, result))
+        except ResultRefused as exc:
+            raise FatalError(f"step {key[:80]!r}: {exc.message}", code=exc.code) from None
         steps[key] = Step(self.run_id, key, stored, self.lease.epoch, self.attempt, _now())
         return stored  # type: ignore[no-any-return]
 

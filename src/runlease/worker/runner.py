@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runlease import metrics
-from runlease.core.bounds import RETRY_AFTER_MAX_S
+from runlease.core.bounds import RETRY_AFTER_MAX_S, ResultRefused
 from runlease.core.states import ErrorCode, RunStatus
 from runlease.db.models import Lease
-from runlease.db.store import RunStore
+from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
@@ -41,7 +41,7 @@ from runlease.worker.tools import ToolRunner
 log = logging.getLogger(__name__)
 
 Agent = Callable[[RunContext], Awaitable[dict[str, Any] | None]]
-Acker = Callable[[Lease, Any], Awaitable[bool]]
+Acker = Callable[["RunHandle", Rendered], Awaitable[bool]]
 
 
 class StopReason(enum.Enum):
@@ -53,6 +53,11 @@ class StopReason(enum.Enum):
 
 
 class RunHandle:
+    """One attempt of one run on this worker: its lease, its agent task, its
+    tools, and why it stops. Every write for the attempt goes through its own
+    handle, never through a lookup by run id: after a reclaim, two handles of
+    one run exist (the old one unwinding, the new one waiting for it)."""
+
     def __init__(
         self,
         lease: Lease,
@@ -62,6 +67,7 @@ class RunHandle:
         margin_s: float,
         cancel_grace_s: float,
         kill_grace_s: float,
+        previous: RunHandle | None = None,
         tool_grant: frozenset[str] = frozenset(),
     ) -> None:
         self.lease = lease
@@ -78,6 +84,13 @@ class RunHandle:
         self.reason: StopReason | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = asyncio.Event()
+        # Set when this attempt has really ended (an abandoned agent task
+        # included): only then may a newer attempt of the run start.
+        self.ended = asyncio.Event()
+        # The older attempt of the same run this one waits for, if any.
+        self.previous = previous
+        # Set by every stop and cancel: wakes an attempt waiting for `previous`.
+        self.stopping = asyncio.Event()
         # Resolved when the lease is lost or self-fenced: whatever waits on the
         # run stops waiting. A future, not an Event, so racing it costs no task.
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -98,6 +111,30 @@ class RunHandle:
     def writes_allowed(self) -> bool:
         return self.reason not in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
 
+    @property
+    def lease_lost(self) -> bool:
+        """The lease is gone (lost or self-fenced): nothing more is written."""
+        return not self.writes_allowed
+
+    def may_write(self) -> bool:
+        """Checked before every write: False once the lease is lost, or once
+        the fence deadline has passed by this worker's own clock (then the
+        attempt is self-fenced here, whoever noticed first)."""
+        if not self.writes_allowed:
+            return False
+        if time.monotonic() >= self.fence_at:
+            self.self_fence(time.monotonic())
+            return False
+        return True
+
+    def self_fence(self, now: float) -> None:
+        if not self.writes_allowed:
+            return
+        metrics.child(metrics.SELF_FENCED, self.pool).inc()
+        log.error("run_self_fenced run_id=%s since_renewal_s=%.2f", self.run_id,
+                  now - (self.fence_at - self.lease_s + self.margin_s))
+        self.stop(StopReason.SELF_FENCED)
+
     def renewed(self, sent_at: float) -> None:
         self.fence_at = sent_at + self.lease_s - self.margin_s
 
@@ -107,7 +144,8 @@ class RunHandle:
             return
         self.reason = StopReason.CANCEL
         self.cancel.set()
-        metrics.CANCELS.labels(self.pool).inc()
+        self.stopping.set()
+        metrics.child(metrics.CANCELS, self.pool).inc()
         log.info("run_cancel_requested run_id=%s", self.run_id)
         if self.task is not None:
             asyncio.get_running_loop().call_later(self.cancel_grace_s, self._cancel_task)
@@ -119,6 +157,7 @@ class RunHandle:
         hard = reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
         if self.reason is None or hard:
             self.reason = reason
+        self.stopping.set()
         if hard:
             # Kill the tools now, not when the agent's task gets round to it:
             # the task may be stuck on a dead socket.
@@ -176,14 +215,34 @@ class Runner:
 
     @staticmethod
     def _lost(handle: RunHandle) -> str:
-        if handle.reason != StopReason.SELF_FENCED:
-            handle.reason = StopReason.LEASE_LOST
+        if handle.writes_allowed:
+            # Found by a fenced write (an event, a step, the ack...), not by a
+            # renewal or the fence, which count their own.
+            metrics.child(metrics.LEASES_LOST, handle.pool).inc()
+            log.error("lease_lost run_id=%s epoch=%s", handle.run_id, handle.lease.epoch)
+            handle.stop(StopReason.LEASE_LOST)
+        assert handle.reason is not None
         return handle.reason.value
 
     async def _execute(self, handle: RunHandle) -> str:
         lease = handle.lease
+        if handle.previous is not None and not handle.previous.ended.is_set():
+            # This worker claimed the run again while its older attempt still
+            # unwinds: one attempt at a time, so this one starts when that one
+            # has ended (its lease is renewed meanwhile), or stops if told to.
+            log.warning("run_waiting_for_previous_attempt run_id=%s epoch=%s", lease.run_id,
+                        lease.epoch)
+            stopping = asyncio.ensure_future(handle.stopping.wait())
+            try:
+                await asyncio.wait({asyncio.ensure_future(handle.previous.ended.wait()),
+                                    stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if handle.reason is not None:
+                return await self._finish(handle, None, None)
+        handle.previous = None  # nothing more to wait for; let it be collected
         ctx = RunContext(lease, self.store, cancel=handle.cancel, tools=handle.tools,
-                         started=handle.claimed_at)
+                         started=handle.claimed_at, fence=handle)
         deadline = None
         if ctx.budget.deadline_s is not None:
             deadline = asyncio.get_running_loop().call_later(
@@ -219,7 +278,10 @@ class Runner:
         the slot), raising LeaseLost."""
         await asyncio.wait({task, handle.lost}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
-            task.cancel()
+            # One cancellation, not a second one into the agent's own cleanup
+            # (stop() may have cancelled it already).
+            if not (isinstance(task, asyncio.Task) and task.cancelling()):
+                task.cancel()
             await asyncio.wait({task}, timeout=grace_s)
             if not task.done():
                 log.error("run_abandoned run_id=%s: its task did not stop", handle.run_id)
@@ -241,6 +303,7 @@ class Runner:
             released = await self._retry(handle, lambda: self.store.release(
                 lease.worker, [(lease.run_id, lease.epoch)]))
             if lease.run_id not in released:
+                stale_writes(handle.pool)
                 return self._lost(handle)
             return "released"
         if reason == StopReason.CANCEL or isinstance(error, RunCancelled):
@@ -253,7 +316,14 @@ class Runner:
                 lease, ErrorCode.BUDGET_EXCEEDED.value, message))
             return "dead"
         if error is None:
-            if not await self.ack(lease, result):
+            try:
+                rendered = Rendered(self.store.render_result(result))
+            except ResultRefused as exc:
+                # This run's result alone is refused; it never joins a batch.
+                refused = (exc.code, f"the run's result {exc.message}")
+                await self._retry(handle, lambda: self.store.fail(lease, *refused))
+                return "dead"
+            if not handle.may_write() or not await self.ack(handle, rendered):
                 return self._lost(handle)
             return "done"
         if isinstance(error, FatalError):
@@ -278,13 +348,12 @@ class Runner:
         """A write that rides out a database outage until the fence deadline."""
         delay = 0.1
         while True:
-            if not handle.writes_allowed:
+            if not handle.may_write():
                 raise LeaseLost(handle.run_id, handle.lease.epoch)
             try:
                 return await self._until_lost(handle, asyncio.ensure_future(op()), grace_s=0)
             except DatabaseUnavailable as exc:
-                if time.monotonic() >= handle.fence_at or not handle.writes_allowed:
-                    handle.reason = StopReason.SELF_FENCED
+                if not handle.may_write():
                     raise LeaseLost(handle.run_id, handle.lease.epoch) from exc
                 log.warning("run_write_retry run_id=%s error=%s", handle.run_id, exc)
                 await asyncio.sleep(min(delay, max(0.0, handle.fence_at - time.monotonic())))

@@ -22,7 +22,6 @@ import logging
 import os
 import signal
 import time
-from typing import Any
 from uuid import UUID
 
 from runlease import metrics
@@ -30,7 +29,7 @@ from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import Conn, connect, make_pool
 from runlease.db.models import Lease
-from runlease.db.store import RunStore
+from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
 from runlease.services.identity import worker_id
@@ -71,7 +70,14 @@ class Worker:
         self.handle_signals = handle_signals
         self.tool_grant = tool_grant
         self.seal_environ = seal_environ
-        self.runs: dict[UUID, RunHandle] = {}
+        # The current attempt of each run this worker holds, by run id...
+        self.held: dict[UUID, RunHandle] = {}
+        # ...and every attempt still executing, older attempts of a reclaimed
+        # run included: what counts against concurrency and gets heartbeats.
+        self.active: set[RunHandle] = set()
+        # Cancel NOTIFYs for runs not started here (yet): one that overtakes
+        # its claim's return is applied when the run starts.
+        self._early_cancels: dict[UUID, float] = {}
         self.draining = False
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -94,7 +100,7 @@ class Worker:
         self.store = RunStore(pool, redactor=Redactor(s.redact_patterns))
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack)
-        self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.runs, pool=s.pool,
+        self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
                                   lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
                                   prepare=s.prepared_statements, on_lost=self._lost)
         self.listener = (Listener(s.listen_database_url or self.url,
@@ -154,12 +160,12 @@ class Worker:
     def _on_signal(self, signum: int) -> None:
         if self.draining:
             log.error("second_signal signal=%s: killing tools and exiting now", signum)
-            for handle in self.runs.values():
+            for handle in self.active:
                 for proc in list(handle.tools.live):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
             os._exit(1)
-        log.info("drain_started signal=%s runs=%d grace_s=%s", signum, len(self.runs),
+        log.info("drain_started signal=%s runs=%d grace_s=%s", signum, len(self.active),
                  self.settings.drain_grace_s)
         self.drain()
 
@@ -171,16 +177,16 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._claim_task
         await self._wait_runs(self.settings.drain_grace_s)
-        if self.runs:
-            log.info("drain_releasing runs=%d", len(self.runs))
-            for handle in list(self.runs.values()):
+        if self.active:
+            log.info("drain_releasing runs=%d", len(self.active))
+            for handle in list(self.active):
                 handle.stop(StopReason.DRAIN)
             await self._wait_runs(self.settings.tool_kill_grace_s + 10)
         log.info("drain_done")
         self._done.set()
 
     async def _wait_runs(self, timeout_s: float) -> None:
-        waits = [h.finished.wait() for h in self.runs.values()]
+        waits = [h.finished.wait() for h in self.active]
         if waits:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
@@ -189,7 +195,7 @@ class Worker:
         self.draining = True
         if self._claim_task is not None and not self._claim_task.done():
             self._claim_task.cancel()
-        for handle in list(self.runs.values()):
+        for handle in list(self.active):
             handle.stop(StopReason.DRAIN)
         await self._wait_runs(5)
         for task in list(self._tasks):
@@ -209,7 +215,7 @@ class Worker:
         s = self.settings
         delay = 0.1
         while not self.draining:
-            free = s.concurrency - len(self.runs)
+            free = s.concurrency - len(self.active)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
@@ -235,24 +241,46 @@ class Worker:
             delay = 0.1
             metrics.child(metrics.CLAIM_LATENCY, s.pool).observe(time.monotonic() - sent)
             if self.draining:  # claimed while the drain began: hand them back at once
-                await self.store.release(self.identity, [(x.run_id, x.epoch) for x in leases])
+                released = await self.store.release(self.identity,
+                                                    [(x.run_id, x.epoch) for x in leases])
+                if len(released) < len(leases):
+                    stale_writes(s.pool, len(leases) - len(released))
                 break
             for lease in leases:
                 self._start(lease, sent)
             if len(leases) < n:
                 await sleep(jittered(s.poll_interval_s), self._wake)
 
+    @property
+    def executing(self) -> int:
+        """Attempts executing now, older attempts of reclaimed runs included."""
+        return len(self.active)
+
     def _start(self, lease: Lease, claimed_at: float) -> None:
         s = self.settings
+        previous = self.held.get(lease.run_id)
+        if previous is not None:
+            # The run came back to this worker (reaped, then claimed again)
+            # while its older attempt is still here: that attempt's lease is
+            # gone, so it stops now; the new one waits for it to end.
+            if previous.writes_allowed:
+                metrics.child(metrics.LEASES_LOST, s.pool).inc()
+                log.error("lease_lost run_id=%s epoch=%s reclaimed_as_epoch=%s", lease.run_id,
+                          previous.lease.epoch, lease.epoch)
+            previous.stop(StopReason.LEASE_LOST)
         handle = RunHandle(lease, claimed_at=claimed_at, lease_s=s.lease_s,
                            margin_s=s.margin_s, cancel_grace_s=s.cancel_grace_s,
-                           kill_grace_s=s.tool_kill_grace_s, tool_grant=self.tool_grant)
-        self.runs[lease.run_id] = handle
+                           kill_grace_s=s.tool_kill_grace_s, previous=previous,
+                           tool_grant=self.tool_grant)
+        self.held[lease.run_id] = handle
+        self.active.add(handle)
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
         metrics.child(metrics.RUNS_IN_FLIGHT, s.pool, lease.run.tenant_id).inc()
         log.debug("run_claimed run_id=%s tenant=%s attempt=%s epoch=%s", lease.run_id,
                  lease.run.tenant_id, lease.run.attempts, lease.epoch)
-        if lease.run.cancel_requested_at is not None:
+        early = self._early_cancels.pop(lease.run_id, None) if self._early_cancels else None
+        if lease.run.cancel_requested_at is not None or (
+                early is not None and time.monotonic() - early < 30):
             handle.request_cancel()
         task = asyncio.create_task(self._execute(handle), name=f"execute-{lease.run_id}")
         self._tasks.add(task)
@@ -262,16 +290,23 @@ class Worker:
     async def _execute(self, handle: RunHandle) -> None:
         try:
             await self.runner.execute(handle)
+            if handle.task is not None and not handle.task.done():
+                # Abandoned: its agent ignored cancellation. It still runs, so
+                # it keeps its slot (and a newer attempt of the run waits) until
+                # it really ends.
+                await asyncio.wait({handle.task})
         finally:
-            self.runs.pop(handle.run_id, None)
+            self.active.discard(handle)
+            if self.held.get(handle.run_id) is handle:
+                del self.held[handle.run_id]
+            handle.ended.set()
             metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool,
                           handle.lease.run.tenant_id).dec()
             self._slot_freed.set()
             self._wake.set()
 
-    async def _ack(self, lease: Lease, result: Any) -> bool:
-        handle = self.runs[lease.run_id]
-        done = self.acker.submit(lease, result)
+    async def _ack(self, handle: RunHandle, result: Rendered) -> bool:
+        done = self.acker.submit(handle.lease, result, handle.may_write)
         # A lost lease settles the ack at once: it must not wait on a batch
         # stuck behind a dead socket.
         def settle(_: object) -> None:
@@ -288,9 +323,14 @@ class Worker:
             run_id = UUID(payload)
         except ValueError:
             return
-        handle = self.runs.get(run_id)
+        handle = self.held.get(run_id)
         if handle is not None:
             handle.request_cancel()
+            return
+        now = time.monotonic()
+        if len(self._early_cancels) > 1000:  # bounded: forget those long gone
+            self._early_cancels = {k: t for k, t in self._early_cancels.items() if now - t < 30}
+        self._early_cancels[run_id] = now
 
     def _lost(self, handle: RunHandle, reason: StopReason) -> None:
         handle.stop(reason)
@@ -302,7 +342,7 @@ class Worker:
             return False, "lease keeper is not running"
         if self._claim_task is not None and self._claim_task.done() and not self.draining:
             return False, "claim loop stopped"
-        return True, f"ok: {len(self.runs)} runs held"
+        return True, f"ok: {len(self.held)} runs held"
 
     async def _ready(self) -> tuple[bool, str]:
         if self.draining:

@@ -15,6 +15,7 @@ WITH clock AS (
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
+       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
     RETURNING r.id, r.event_seq
 ), ins AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)

@@ -12,6 +12,7 @@ WITH fence AS (
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
+       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
        FOR SHARE
 ), ins AS (
     INSERT INTO agent_run_steps (run_id, step_key, result, lease_epoch, attempt, created_at)

@@ -2,7 +2,10 @@
 --
 -- Every statement takes %(now)s: NULL in production, so the server's now() is
 -- the clock; tests pass an instant to move time without sleeping.
--- Worker writes carry the fencing triple (locked_by, lease_epoch, 'leased').
+-- Worker writes carry the fencing triple (locked_by, lease_epoch, 'leased'),
+-- and need the lease unexpired by the database clock: a write that arrives
+-- late (a statement stuck on a cut network, a worker whose loop stalled)
+-- never lands on an expired lease, reaped yet or not.
 -- The status test is written `(r.status = 'leased') IS TRUE` (the same for a
 -- NOT NULL column): the planner cannot prove from it the predicate of
 -- agent_runs_leased_idx, so it cannot choose that index. Statistics taken
@@ -106,6 +109,7 @@ UPDATE agent_runs r
    AND r.lease_epoch = h.epoch
    AND r.locked_by = %(worker)s
    AND (r.status = 'leased') IS TRUE
+   AND r.locked_until > coalesce(%(now)s::timestamptz, now())
    AND p.name = r.pool
 RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested;
 
@@ -113,19 +117,32 @@ RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL
 -- name: run_ack
 -- Finish runs successfully, one or many in one statement. The arrays are
 -- parallel; array_position pairs each row with its epoch and result without
--- a join, so the plan is one primary-key scan.
-UPDATE agent_runs r
-   SET status = 'done', locked_by = NULL, locked_until = NULL,
-       error_code = NULL, error_message = NULL,  -- an earlier attempt's; events keep it
-       result_json = CASE WHEN %(results)s::jsonb[] IS NOT NULL
-                          THEN (%(results)s::jsonb[])[array_position(%(ids)s::uuid[], r.id)] END,
-       finished_at = coalesce(%(now)s::timestamptz, now()),
-       updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE r.id = ANY (%(ids)s::uuid[])
-   AND r.lease_epoch = (%(epochs)s::bigint[])[array_position(%(ids)s::uuid[], r.id)]
-   AND r.locked_by = %(worker)s
-   AND (r.status = 'leased') IS TRUE
-RETURNING r.id;
+-- a join, so the plan is one primary-key scan. A finished run frees a slot
+-- of its tenant: in a pool with tenant limits, NOTIFY the pool so a claimer
+-- waiting on a capped tenant claims its next run now, not at its next poll.
+WITH upd AS (
+    UPDATE agent_runs r
+       SET status = 'done', locked_by = NULL, locked_until = NULL,
+           error_code = NULL, error_message = NULL,  -- an earlier attempt's; events keep it
+           result_json = CASE WHEN %(results)s::jsonb[] IS NOT NULL
+                              THEN (%(results)s::jsonb[])[array_position(%(ids)s::uuid[], r.id)]
+                         END,
+           finished_at = coalesce(%(now)s::timestamptz, now()),
+           updated_at = coalesce(%(now)s::timestamptz, now())
+     WHERE r.id = ANY (%(ids)s::uuid[])
+       AND r.lease_epoch = (%(epochs)s::bigint[])[array_position(%(ids)s::uuid[], r.id)]
+       AND r.locked_by = %(worker)s
+       AND (r.status = 'leased') IS TRUE
+       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+    RETURNING r.id, r.pool
+), notify AS (
+    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
+      FROM agent_run_pools p
+     WHERE p.name IN (SELECT upd.pool FROM upd)
+       AND (p.default_max_in_flight IS NOT NULL
+            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+)
+SELECT upd.id FROM upd CROSS JOIN notify;
 
 
 -- name: run_nack
@@ -156,7 +173,8 @@ WITH clock AS (
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
-    RETURNING r.id, r.status, r.attempts, r.max_attempts, r.available_at, r.event_seq,
+       AND r.locked_until > clock.ts
+    RETURNING r.id, r.pool, r.status, r.attempts, r.max_attempts, r.available_at, r.event_seq,
               r.error_code, r.error_message
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -168,8 +186,15 @@ WITH clock AS (
                                                THEN upd.available_at END),
            clock.ts
       FROM upd, clock
+), notify AS (
+    -- The lease's slot is free: wake claimers of a pool with tenant limits.
+    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
+      FROM agent_run_pools p
+     WHERE p.name IN (SELECT upd.pool FROM upd)
+       AND (p.default_max_in_flight IS NOT NULL
+            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
 )
-SELECT id, status, attempts, available_at FROM upd;
+SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify;
 
 
 -- name: run_fail
@@ -186,7 +211,8 @@ WITH clock AS (
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
-    RETURNING r.id, r.status, r.attempts, r.event_seq, r.error_code, r.error_message
+       AND r.locked_until > clock.ts
+    RETURNING r.id, r.pool, r.status, r.attempts, r.event_seq, r.error_code, r.error_message
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
     SELECT upd.id, upd.event_seq, 'run.dead',
@@ -194,8 +220,15 @@ WITH clock AS (
                               'error_message', upd.error_message),
            clock.ts
       FROM upd, clock
+), notify AS (
+    -- The lease's slot is free: wake claimers of a pool with tenant limits.
+    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
+      FROM agent_run_pools p
+     WHERE p.name IN (SELECT upd.pool FROM upd)
+       AND (p.default_max_in_flight IS NOT NULL
+            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
 )
-SELECT id, status, attempts FROM upd;
+SELECT id, status, attempts FROM upd CROSS JOIN notify;
 
 
 -- name: run_release
@@ -217,6 +250,7 @@ WITH clock AS (
        AND r.lease_epoch = h.epoch
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
+       AND r.locked_until > clock.ts
     RETURNING r.id, r.pool, r.status, r.attempts, r.event_seq
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -273,17 +307,25 @@ WITH clock AS (
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
+       AND r.locked_until > clock.ts
        AND r.cancel_requested_at IS NOT NULL
-    RETURNING r.id, r.event_seq, r.attempts, r.cancel_requested_at
+    RETURNING r.id, r.pool, r.event_seq, r.attempts, r.cancel_requested_at
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
     SELECT upd.id, upd.event_seq, 'run.cancelled', jsonb_build_object('attempt', upd.attempts),
            clock.ts
       FROM upd, clock
+), notify AS (
+    -- The lease's slot is free: wake claimers of a pool with tenant limits.
+    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
+      FROM agent_run_pools p
+     WHERE p.name IN (SELECT upd.pool FROM upd)
+       AND (p.default_max_in_flight IS NOT NULL
+            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
-  FROM upd, clock;
+  FROM upd, clock CROSS JOIN notify;
 
 
 -- name: run_reap
@@ -325,7 +367,7 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
-      FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+      FROM (SELECT DISTINCT upd.pool FROM upd) p
 )
 SELECT upd.id, upd.pool, upd.tenant_id, upd.status FROM upd CROSS JOIN notify;
 
