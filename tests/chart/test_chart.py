@@ -19,6 +19,7 @@ import yaml
 
 from runlease import cli
 from runlease.api.app import build_registry
+from runlease.operator.build import build_deployment
 from runlease.operator.k8s import API_CALLS, API_CALLS_CLUSTERWIDE
 from runlease.operator.spec import parse
 from runlease.settings import ApiSettings, OperatorSettings, load, reference
@@ -589,6 +590,34 @@ def test_ingress_and_monitoring_and_the_sample_pool(rendered: Render) -> None:
     spec = parse(pool["metadata"]["name"], pool["metadata"]["namespace"], pool["spec"])
     assert spec.agent == "runlease.agents.script:agent"
     assert spec.database_secret == "runlease-db"
+
+
+def test_every_pod_gives_its_processes_nothing_to_escalate_with(rendered: Render) -> None:
+    # The chart's own pods, and the worker pods its sample pool gets from the
+    # operator (a worker runs tools a model chose: docs/operator.md).
+    docs = rendered([values("monitoring-ingress-sample")])
+    (pool,) = by_kind(docs, "AgentRunPool")
+    workers = build_deployment(parse(pool["metadata"]["name"], NAMESPACE, pool["spec"]),
+                               {"metadata": {"name": "sample", "uid": "u"}}, replicas=1)
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"]
+            for d in [*by_kind(docs, "Deployment"), *by_kind(docs, "Job"), workers]}
+    assert len(pods) == 4  # operator, API, migrations, workers
+    for name, pod in pods.items():
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        # Only the operator talks to the Kubernetes API.
+        assert pod["automountServiceAccountToken"] is name.endswith("-operator"), name
+        empty = {v["name"] for v in pod["volumes"] if v.get("emptyDir") == {}}
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, name
+            assert security["readOnlyRootFilesystem"] is True, name
+            assert security["capabilities"] == {"drop": ["ALL"]}, name
+            writable = {m["mountPath"] for m in container["volumeMounts"] if m["name"] in empty}
+            assert "/tmp" in writable, name
+    worker = pods[workers["metadata"]["name"]]["containers"][0]
+    assert worker["workingDir"] == "/work"
+    assert {m["mountPath"] for m in worker["volumeMounts"]} == {"/tmp", "/work"}
 
 
 def test_by_default_no_prometheus_operator_objects(rendered: Render) -> None:

@@ -98,6 +98,31 @@ def test_every_spec_field_reaches_the_manifests() -> None:
             spec.scale_down_delay_s) == (2, 9, 0.5, 120)
 
 
+def test_worker_pods_give_a_tool_nothing_to_escalate_with() -> None:
+    # A tool is a command a model chose (docs/operator.md, pod security).
+    pod = build_deployment(parse("batch", "ml", FULL), OWNER, replicas=1)["spec"]["template"]
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["securityContext"] == {"runAsNonRoot": True,
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["automountServiceAccountToken"] is False
+    # The only writable places: emptyDirs at /tmp and at the tools' working
+    # directory, which is also their HOME; TMPDIR points at /tmp.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert set(mounts) == {"/tmp", "/work"}
+    assert all(volumes[name]["emptyDir"] == {} for name in mounts.values())
+    assert container["workingDir"] == "/work"
+    env = env_of({"spec": {"template": pod}})
+    assert (env["HOME"], env["TMPDIR"]) == ("/work", "/tmp")
+
+
 @pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "1.31", "1.34"])
 @pytest.mark.parametrize("spec", [FULL, {k: FULL[k] for k in ("image", "agent", "database")}],
                          ids=["full", "minimal"])

@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
 from runlease.worker import FatalError, RetryableError, RunContext
+
+# What agent code that copies the environment at import sees: the worker
+# imports its agent before it seals its secrets away (worker/toolenv.py).
+ENVIRON_AT_IMPORT = dict(os.environ)
 
 
 async def echo(ctx: RunContext) -> dict[str, Any]:
@@ -80,3 +85,13 @@ async def ticker(ctx: RunContext) -> dict[str, Any]:
               f'echo "{ctx.attempt} $(date +%s.%N)" >> {path}; sleep 0.05; done')
     await ctx.run_tool(["sh", "-c", script])
     return {"attempt": ctx.attempt}
+
+
+async def environ_tool(ctx: RunContext) -> dict[str, Any]:
+    """Hands a tool the worker's whole environment, as careless agent code
+    would (a copy made at import, and os.environ now), plus a variable of its
+    own and one that smuggles the database URL; returns what the tool saw."""
+    env = {**ENVIRON_AT_IMPORT, **os.environ, "AGENT_SET": "set-by-the-agent",
+           "SMUGGLED": "db=" + ENVIRON_AT_IMPORT.get("RUNLEASE_DATABASE_URL", "")}
+    result = await ctx.run_tool(["env"], env=env)
+    return {"env": result.stdout}

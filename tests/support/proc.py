@@ -38,7 +38,9 @@ class WorkerProcess:
         self.log_path = log_dir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLEASE_")}
         env.update({
-            "PYTHONPATH": str(ROOT),
+            # This tree's code first: the virtualenv's editable install may
+            # point at another checkout.
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
             "RUNLEASE_DATABASE_URL": database_url,
             "RUNLEASE_METRICS_PORT": "0",
             "POD_UID": f"pod-{name}",
@@ -47,12 +49,14 @@ class WorkerProcess:
             env["RUNLEASE_" + key.upper()] = str(value).lower() if isinstance(value, bool) \
                 else str(value)
         self.env = env
+        self.argv_prefix: list[str] = []  # e.g. setpriv, to start it with fewer privileges
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runlease", "worker"], env=self.env, cwd=ROOT,
+            [*self.argv_prefix, sys.executable, "-m", "runlease", "worker"], env=self.env,
+            cwd=ROOT,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
@@ -67,7 +71,8 @@ class WorkerProcess:
         self.proc.send_signal(sig)
 
     def kill9(self) -> None:
-        """kill -9 of the worker only: its tools live on, as after an OOM kill."""
+        """kill -9 of the worker only, as an OOM kill would: its tools' guards
+        (worker/toolguard.py) then kill them."""
         self.signal(signal.SIGKILL)
         self.wait(10)
 

@@ -16,7 +16,8 @@ _ids = itertools.count()
 
 @asynccontextmanager
 async def running_worker(
-    db_url: str, agent: Callable[..., Awaitable[Any]] | None = None, **settings: Any
+    db_url: str, agent: Callable[..., Awaitable[Any]] | None = None,
+    tool_grant: frozenset[str] = frozenset(), **settings: Any
 ) -> AsyncIterator[Worker]:
     values: dict[str, Any] = {
         "agent": "runlease.agents.script:agent",
@@ -30,7 +31,10 @@ async def running_worker(
         "tool_kill_grace_s": 1,
     } | settings
     worker = Worker(load(WorkerSettings, values, environ={}), agent=agent,
-                    identity=f"test-worker-{next(_ids)}", handle_signals=False)
+                    identity=f"test-worker-{next(_ids)}", handle_signals=False,
+                    # Sealing would take secrets out of the test process's own
+                    # environment; real worker processes (tests/support/proc.py) seal.
+                    tool_grant=tool_grant, seal_environ=False)
     task = asyncio.create_task(worker.run())
     await asyncio.wait_for(worker.started.wait(), 10)
     try:

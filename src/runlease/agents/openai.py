@@ -14,13 +14,15 @@ already answered and no tool runs twice. Tool calls run only once the
 model's message is complete: a stream that breaks half-way executes nothing
 and the whole turn is asked again on the next attempt.
 
-Settings are read from the environment when a run starts, not at import, so
-importing the module needs no key and tests can point it elsewhere:
-RUNLEASE_OPENAI_BASE_URL, RUNLEASE_OPENAI_MODEL, RUNLEASE_OPENAI_API_KEY (or
-OPENAI_API_KEY) and RUNLEASE_OPENAI_READ_TIMEOUT_S. The key goes into the
-Authorization header only: it is removed from the tools' environment and
-scrubbed from everything the agent stores (events, step results, errors),
-on top of the store's own redaction, which cannot know a key of any shape.
+Settings are read when a run starts, not at import, so importing the module
+needs no key and tests can point it elsewhere: RUNLEASE_OPENAI_BASE_URL,
+RUNLEASE_OPENAI_MODEL, RUNLEASE_OPENAI_API_KEY (or OPENAI_API_KEY) and
+RUNLEASE_OPENAI_READ_TIMEOUT_S, from the environment the worker started with
+(the worker takes its secrets out of os.environ at start: worker/toolenv.py).
+The key goes into the Authorization header only: tools never get it (their
+environment is built by the worker from an allowlist), and it is scrubbed
+from everything the agent stores (events, step results, errors), on top of
+the store's own redaction, which cannot know a key of any shape.
 
     HTTP 429, 5xx, a broken connection or stream -> RetryableError model_unavailable
     any other refusal (4xx, a redirect)           -> FatalError model_rejected
@@ -29,7 +31,6 @@ on top of the store's own redaction, which cannot know a key of any shape.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +41,7 @@ import httpx
 from runlease.errors import SettingsError
 from runlease.settings import load, setting
 from runlease.worker import FatalError, RetryableError, RunCancelled, RunContext, ToolTimeout
+from runlease.worker.toolenv import worker_environ
 
 UNAVAILABLE = "model_unavailable"
 REJECTED = "model_rejected"
@@ -53,7 +55,6 @@ SHELL_TIMEOUT_S = 120.0
 SHELL_TIMEOUT_MAX_S = 3600.0
 SLEEP_MAX_S = 3600.0
 CALL_ID_MAX_CHARS = 200  # the step key `tool-<id>` must stay within 255 characters
-KEY_ENV = ("RUNLEASE_OPENAI_API_KEY", "OPENAI_API_KEY")
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ async def agent(ctx: RunContext) -> dict[str, Any]:
 
 def _settings() -> OpenAISettings:
     try:
-        return load(OpenAISettings)
+        return load(OpenAISettings, environ=worker_environ())
     except SettingsError as exc:
         # Dead rather than retried: every attempt on this worker would fail
         # the same way, and a dead run can be redriven once the worker is fixed.
@@ -462,7 +463,7 @@ async def _shell(ctx: RunContext, args: dict[str, Any], secrets: _Secrets) -> di
         return {"error": "timeout_s must be a positive number of seconds"}
     timeout_s = min(float(timeout_s), SHELL_TIMEOUT_MAX_S)
     try:
-        result = await ctx.run_tool(argv, timeout_s=timeout_s, env=secrets.tool_env())
+        result = await ctx.run_tool(argv, timeout_s=timeout_s)
     except ToolTimeout:
         return {"error": f"{argv[0]} ran over its timeout of {timeout_s:g} s and was stopped"}
     except OSError as exc:  # not found, not executable
@@ -534,12 +535,6 @@ class _Secrets:
 
     def stream(self) -> _StreamScrubber:
         return _StreamScrubber(self.api_key)
-
-    def tool_env(self) -> dict[str, str]:
-        """The worker's environment without the key: a tool is code the model
-        chose, and `env` is the first thing it might run."""
-        return {k: v for k, v in os.environ.items()
-                if k not in KEY_ENV and not (self.api_key and self.api_key in v)}
 
 
 class _StreamScrubber:

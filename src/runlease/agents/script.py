@@ -13,12 +13,13 @@ the attempt and the worker-side start and end instants, which the chaos test
 uses to prove leases never overlapped. `fail` steps fail on every attempt
 before `until_attempt` (always, without it) and pass from then on; a shell
 step that exits non-zero is a retryable failure; it sees RUNLEASE_RUN_ID,
-RUNLEASE_STEP, RUNLEASE_ATTEMPT and RUNLEASE_LEASE_EPOCH in its environment.
+RUNLEASE_STEP, RUNLEASE_ATTEMPT and RUNLEASE_LEASE_EPOCH in its environment,
+beside what every tool gets (docs/agents.md: PATH, HOME, ... and the pool's
+grants; never the worker's secrets).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from functools import partial
 from typing import Any
@@ -65,9 +66,9 @@ async def _run_step(ctx: RunContext, index: int, spec: dict[str, Any]) -> dict[s
         argv = spec["shell"]
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise FatalError(f"input.steps[{index}].shell must be a list of strings")
-        env = {**os.environ, "RUNLEASE_RUN_ID": str(ctx.run_id), "RUNLEASE_STEP": str(index),
-               "RUNLEASE_ATTEMPT": str(ctx.attempt), "RUNLEASE_LEASE_EPOCH": str(ctx.lease_epoch)}
-        result = await ctx.run_tool(argv, timeout_s=spec.get("timeout_s"), env=env)
+        # The run's id, attempt and epoch come from the worker; the step is ours.
+        result = await ctx.run_tool(argv, timeout_s=spec.get("timeout_s"),
+                                    env={"RUNLEASE_STEP": str(index)})
         if not result.ok:
             raise RetryableError(
                 f"step {index}: {argv[0]} exited {result.returncode}: {result.stderr[-500:]}")

@@ -14,6 +14,11 @@ POOL_LABEL = "runlease.dev/pool"
 OWNER_LABEL = "runlease.dev/agentrunpool"
 COMPONENT = "worker"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+# The only writable places of a worker pod (its root filesystem is read-only):
+# /tmp, and the working directory its tools start in, which is also their HOME.
+WORK_DIR = "/work"
+TMP_DIR = "/tmp"
+RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
 
 
 def names(spec: PoolSpec) -> dict[str, str]:
@@ -66,8 +71,19 @@ def worker_env(spec: PoolSpec) -> list[dict[str, Any]]:
         value("RUNLEASE_DRAIN_GRACE_S", spec.drain_grace_s),
         value("RUNLEASE_METRICS_PORT", spec.metrics_port),
         value("RUNLEASE_LOG_JSON", True),
+        # Tools inherit these (docs/agents.md): they are the pod's writable places.
+        value("HOME", WORK_DIR),
+        value("TMPDIR", TMP_DIR),
         *spec.env,
     ]
+
+
+def worker_security_context() -> dict[str, Any]:
+    """A worker runs tools a model chose: the container gives them nothing to
+    escalate with and nowhere to write but its two emptyDirs."""
+    return {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": RUNTIME_DEFAULT}
 
 
 def build_deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> dict[str, Any]:
@@ -83,15 +99,22 @@ def build_deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> di
         "livenessProbe": probe,
         "readinessProbe": {**probe, "httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True},
+        "securityContext": worker_security_context(),
+        "workingDir": WORK_DIR,
+        "volumeMounts": [{"name": "tmp", "mountPath": TMP_DIR},
+                         {"name": "work", "mountPath": WORK_DIR}],
     }
     if spec.resources:
         container["resources"] = spec.resources
     pod: dict[str, Any] = {
         "containers": [container],
-        # The pod's pause process becomes PID 1 and reaps the orphans of
-        # killed tool process groups, which the worker itself cannot.
+        # The pod's pause process becomes PID 1 and reaps what a dead worker
+        # leaves: its tools' guards (worker/toolguard.py), which end themselves.
         "shareProcessNamespace": True,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": RUNTIME_DEFAULT},
+        # Nothing in a worker talks to the Kubernetes API; a tool must not either.
+        "automountServiceAccountToken": False,
+        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "work", "emptyDir": {}}],
         # Above the worker's drain grace: runs finish or are released before SIGKILL.
         "terminationGracePeriodSeconds": spec.termination_grace_s,
     }

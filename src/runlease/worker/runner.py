@@ -35,6 +35,7 @@ from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
+from runlease.worker.toolenv import run_vars
 from runlease.worker.tools import ToolRunner
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class RunHandle:
         cancel_grace_s: float,
         kill_grace_s: float,
         previous: RunHandle | None = None,
+        tool_grant: frozenset[str] = frozenset(),
     ) -> None:
         self.lease = lease
         self.claimed_at = claimed_at
@@ -77,7 +79,8 @@ class RunHandle:
         self.fence_at = claimed_at + lease_s - margin_s
         self.cancel = asyncio.Event()
         self.cancel_grace_s = cancel_grace_s
-        self.tools = ToolRunner(self.cancel, kill_grace_s)
+        self.tools = ToolRunner(self.cancel, kill_grace_s, grant=tool_grant,
+                                run_env=run_vars(lease.run_id, lease.run.attempts, lease.epoch))
         self.reason: StopReason | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = asyncio.Event()

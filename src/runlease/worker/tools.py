@@ -4,6 +4,14 @@ A tool (a shell command, a compiler, a test run) may start children of its
 own; signalling only the direct child would leave them running after a Stop.
 So every tool starts a new session (its own process group), and stopping it
 sends SIGTERM to the whole group, then SIGKILL once the grace has passed.
+
+The session's leader is a guard (worker/toolguard.py) that starts the tool
+and kills the whole group, and every descendant, when the worker dies: no
+tool outlives its worker, even one killed with SIGKILL. When the tool's main
+process has ended and its output is closed, whatever it left running in its
+group is stopped the same way (SIGTERM, SIGKILL after the grace): a tool call
+leaves nothing behind. The tool's environment is built by worker/toolenv.py:
+an allowlist, the pool's grants, and never the worker's secrets.
 """
 
 from __future__ import annotations
@@ -13,17 +21,33 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runlease.worker import toolenv
 from runlease.worker.errors import RunCancelled, ToolTimeout
 
 log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 64 * 1024
+GUARD = Path(__file__).with_name("toolguard.py")
+GUARD_KILL_S = 5.0  # a guard kills its tree in milliseconds; past this, SIGKILL the group
+# The lifeline of every guard: a pipe whose write end only this process holds
+# (non-inheritable, never closed). The kernel closes it when the worker dies,
+# however it dies, and each guard reads that as "kill your tool".
+_lifeline: tuple[int, int] | None = None
+
+
+def lifeline() -> int:
+    """The read end of the worker's lifeline, made on first use."""
+    global _lifeline
+    if _lifeline is None:
+        _lifeline = os.pipe()
+    return _lifeline[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +64,10 @@ class ToolResult:
 
 
 def group_alive(pgid: int) -> bool:
-    """Is any process of the group still running? Zombies do not count: a
-    killed tool's children are reparented to PID 1, which may reap them late
-    (or never, in a container without an init), and waiting for a zombie to
-    disappear would only spend the grace for nothing."""
+    """Is any process of the group still running? Zombies do not count: the
+    orphans of a killed guard are reparented to PID 1, which may reap them
+    late (or never, in a container without an init), and waiting for a zombie
+    to disappear would only spend the grace for nothing."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -67,7 +91,10 @@ def group_alive(pgid: int) -> bool:
 
 
 async def terminate_group(proc: asyncio.subprocess.Process, grace_s: float) -> None:
-    """SIGTERM to the process group, SIGKILL after grace_s; reaps the leader."""
+    """SIGTERM to the process group, SIGKILL after grace_s; reaps the leader.
+
+    The SIGKILL is the guard's to send (SIGUSR1): it reaches the descendants
+    that left the group too. The group's SIGKILL follows as the fallback."""
     pgid = proc.pid  # a session leader's pgid is its pid
     if grace_s > 0:
         with contextlib.suppress(ProcessLookupError):
@@ -79,6 +106,11 @@ async def terminate_group(proc: asyncio.subprocess.Process, grace_s: float) -> N
                     await asyncio.wait_for(proc.wait(), 0.05)
             else:
                 await asyncio.sleep(0.05)  # children may outlive the leader briefly
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pgid, signal.SIGUSR1)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), GUARD_KILL_S)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     await proc.wait()
@@ -96,12 +128,40 @@ async def _tail(stream: asyncio.StreamReader | None) -> bytes:
     return bytes(kept)
 
 
-class ToolRunner:
-    """Runs one run's tools; knows how hard to stop them."""
+async def _status(fd: int) -> str:
+    """All the guard writes on the status pipe: `exit <code>` or `exec <errno>`,
+    or nothing if it was killed first."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    # Wraps the fd, no I/O; the transport owns the file and closes it.
+    pipe = open(fd, "rb", buffering=0)  # noqa: ASYNC230, SIM115
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    try:
+        return (await reader.read(256)).decode(errors="replace")
+    finally:
+        transport.close()
 
-    def __init__(self, cancel: asyncio.Event, kill_grace_s: float) -> None:
+
+class ToolRunner:
+    """Runs one run's tools; knows how hard to stop them.
+
+    `grant` names the variables of the worker's environment the pool lets
+    tools see; `run_env` (the run's id, attempt and lease epoch) is given to
+    every tool."""
+
+    def __init__(
+        self,
+        cancel: asyncio.Event,
+        kill_grace_s: float,
+        *,
+        grant: frozenset[str] = frozenset(),
+        run_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.cancel = cancel
         self.kill_grace_s = kill_grace_s
+        self.grant = toolenv.check_grant(grant)
+        self.run_env = dict(run_env or {})
         self.hard = False  # lease lost or self-fenced: SIGKILL at once
         self.live: set[asyncio.subprocess.Process] = set()
 
@@ -119,21 +179,45 @@ class ToolRunner:
         if not argv:
             raise ValueError("argv must not be empty")
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=None if env is None else dict(env),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        )
+        tool_env = toolenv.build(env, grant=self.grant, run_env=self.run_env)
+        guard_in = lifeline()
+        status_r, status_w = os.pipe()
+        try:
+            # -I: the guard ignores PYTHON* variables the tool's env may carry.
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "-S", str(GUARD), str(guard_in), str(status_w), *argv,
+                cwd=cwd, env=tool_env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True, pass_fds=(guard_in, status_w),
+            )
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
         self.live.add(proc)
         log.debug("tool_started pid=%s argv=%s", proc.pid, argv[0])
         output: asyncio.Future[Any] = asyncio.gather(_tail(proc.stdout), _tail(proc.stderr),
-                                                     proc.wait())
+                                                     _status(status_r))
         cancelled: asyncio.Future[Any] = asyncio.ensure_future(self.cancel.wait())
         try:
             done, _ = await asyncio.wait({output, cancelled}, timeout=timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
             if output in done:
-                out, err, code = output.result()
+                out, err, status = output.result()
+                word, *numbers = status.split() or [""]
+                if word == "exec" or numbers[1:] == ["0"]:
+                    await proc.wait()  # nothing left: the guard is exiting
+                else:
+                    # What the tool left running in its group (its output
+                    # closed) is stopped now; then the guard exits.
+                    await asyncio.shield(terminate_group(proc, self.grace()))
+                if word == "exec":
+                    raise OSError(int(numbers[0]), os.strerror(int(numbers[0])), argv[0])
+                if word == "exit":
+                    code = int(numbers[0])
+                else:  # no status: the guard itself was killed before the tool ended
+                    code = proc.returncode if proc.returncode else -signal.SIGKILL
                 return ToolResult(tuple(argv), code, out.decode(errors="replace"),
                                   err.decode(errors="replace"), time.monotonic() - started)
             await asyncio.shield(self._stop(proc, output))

@@ -38,6 +38,7 @@ from runlease.services.listener import Listener
 from runlease.services.loop import jittered, sleep
 from runlease.services.reaper import Reaper
 from runlease.settings import WorkerSettings, import_object
+from runlease.worker import toolenv
 from runlease.worker.acker import Acker
 from runlease.worker.lease_keeper import LeaseKeeper
 from runlease.worker.runner import Agent, RunHandle, Runner, StopReason
@@ -53,7 +54,13 @@ class Worker:
         agent: Agent | None = None,
         identity: str | None = None,
         handle_signals: bool = True,
+        tool_grant: frozenset[str] = frozenset(),
+        seal_environ: bool = True,
     ) -> None:
+        """`tool_grant`: the variables of the worker's environment its tools may
+        see (the pool's tool_env). `seal_environ` takes the worker's secrets
+        out of os.environ at start (worker/toolenv.py); tests that run a
+        Worker inside their own process turn it off."""
         if not settings.database_url:
             raise SettingsError("no database: set --database-url or RUNLEASE_DATABASE_URL")
         self.settings = settings
@@ -61,6 +68,8 @@ class Worker:
         self.agent: Agent = agent or import_object(settings.agent)
         self.identity = identity or worker_id()
         self.handle_signals = handle_signals
+        self.tool_grant = tool_grant
+        self.seal_environ = seal_environ
         # The current attempt of each run this worker holds, by run id...
         self.held: dict[UUID, RunHandle] = {}
         # ...and every attempt still executing, older attempts of a reclaimed
@@ -83,6 +92,8 @@ class Worker:
 
     async def run(self) -> int:
         s = self.settings
+        if self.seal_environ:  # before the first child process of any kind
+            toolenv.seal([s.database_url, s.listen_database_url])
         pool = make_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
                          prepare=s.prepared_statements, application_name="runlease-worker")
         await pool.open(wait=False)
@@ -259,7 +270,8 @@ class Worker:
             previous.stop(StopReason.LEASE_LOST)
         handle = RunHandle(lease, claimed_at=claimed_at, lease_s=s.lease_s,
                            margin_s=s.margin_s, cancel_grace_s=s.cancel_grace_s,
-                           kill_grace_s=s.tool_kill_grace_s, previous=previous)
+                           kill_grace_s=s.tool_kill_grace_s, previous=previous,
+                           tool_grant=self.tool_grant)
         self.held[lease.run_id] = handle
         self.active.add(handle)
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
