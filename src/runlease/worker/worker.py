@@ -160,10 +160,13 @@ class Worker:
     def _on_signal(self, signum: int) -> None:
         if self.draining:
             log.error("second_signal signal=%s: killing tools and exiting now", signum)
+            # Each tool's guard kills its whole tree, what left the group
+            # included (a group SIGKILL would kill the guard first); exiting
+            # closes the lifelines too, for any guard the signal missed.
             for handle in self.active:
                 for proc in list(handle.tools.live):
                     with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
+                        os.kill(proc.pid, signal.SIGUSR1)
             os._exit(1)
         log.info("drain_started signal=%s runs=%d grace_s=%s", signum, len(self.active),
                  self.settings.drain_grace_s)
