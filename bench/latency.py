@@ -32,16 +32,20 @@ capped-tenant wake-up, cancel at start.
     listening worker waited before finishing runs notified).
 (e) cancel at start: a cooperative agent `bench.agents:marked_sleeper`
     (leaves a file the moment it starts, then ctx.sleep(60)); one idle
-    listening worker. Each run is enqueued and request_cancel raced against
-    the worker's claim and start, two ways: as soon as the run is seen
-    leased (status polled every ~1 ms), and at a random instant 0-2 ms
-    after enqueue returned (some of those find the run still pending: they
-    are counted, not sampled). Measured for the runs leased at the request:
-    request_cancel -> 'cancelled', p50/p99; how many agents started at all;
-    how long after the claim each cancel was requested (server clocks:
-    lease start vs cancel_requested_at); how many took >= 1 s. A cancel
-    whose NOTIFY reaches the worker before the run's start is applied at
-    start; before that it waited for the next heartbeat (15 s by default).
+    listening worker on pool `gated` (a tenant limit that is never reached).
+    Each run is enqueued and request_cancel raced against the worker's claim
+    and start, three ways: as soon as the run is seen leased (status polled
+    every ~1 ms); at a random instant 0-2 ms after enqueue returned (some
+    find the run still pending: counted, not sampled); and committed right
+    after the claim (the bench holds the tenant lock runlease_claim takes
+    once it has locked the run's row, sends the cancel, which waits for that
+    row, then lets the claim go). Measured for the runs leased at the
+    request: request_cancel returned -> 'cancelled', p50/p99; how many
+    agents started at all; how long after the claim each cancel was
+    requested (server clocks: lease start vs cancel_requested_at); how many
+    took >= 1 s. A cancel whose NOTIFY reaches the worker before the run's
+    start is applied at start; before that it waited for the next heartbeat
+    (15 s by default).
 
 Any phase can be left out with --skip (start, poll, cancel, kill, capped,
 early-cancel); (d) and (e) stop sampling once their time budget is spent
@@ -99,6 +103,13 @@ EARLY_LEASE_S = 45
 # Enqueue -> claim commit is a few ms with NOTIFY; cancels sent at random
 # instants across that span land before, during and after the claim.
 EARLY_DELAY_MS = (0.0, 2.0)
+EARLY_POOL = "gated"
+EARLY_TENANT = "gate"
+EARLY_RACES = ("seen_leased", "after_enqueue", "in_claim")
+# runlease_claim's tenant lock: pg_advisory_xact_lock(this, hashtext(pool/tenant)).
+CLAIM_LOCK_CLASS = 1381322316
+WAITERS_SQL = ("SELECT 1 AS ok FROM pg_stat_activity WHERE datname = current_database()"
+               " AND wait_event_type = 'Lock'")
 PHASES = ("start", "poll", "cancel", "kill", "capped", "early-cancel")
 # Polling only: samples 20-50 ms apart would mostly share one poll; spread
 # them over the poll interval instead.
@@ -457,21 +468,42 @@ async def first_lease(conn: AConn, run_id: UUID) -> float | None:
         await asyncio.sleep(0.001)
 
 
-async def race_cancel(store: RunStore, conn: AConn, worker: WorkerProc, marks: Path, i: int,
-                      delay_ms: tuple[float, float] | None, timeout_s: float
-                      ) -> dict[str, Any]:
-    """One run, cancelled as soon as it is seen leased (delay_ms None) or a
-    random delay after its enqueue returned, racing the worker's claim."""
-    run_id = (await store.enqueue("default", "bench", {
+async def race_cancel(store: RunStore, conn: AConn, gate: AConn, worker: WorkerProc,
+                      marks: Path, i: int, how: str, timeout_s: float) -> dict[str, Any]:
+    """One run of the gated pool, cancelled racing the worker's claim and start:
+    - seen_leased: as soon as its status is seen 'leased' (polled every ~1 ms);
+    - after_enqueue: at a random instant EARLY_DELAY_MS after enqueue returned;
+    - in_claim: while the worker's claim transaction holds the run's row:
+      the bench holds the tenant's claim lock (the advisory lock
+      runlease_claim takes after locking its candidates), sends the cancel,
+      which waits for the run's row, and lets the claim go: the cancel
+      commits right after the claim, as the run is being started."""
+    if how == "in_claim":
+        await gate.execute("SELECT pg_advisory_lock(%s, hashtext(%s))",
+                           (CLAIM_LOCK_CLASS, f"{EARLY_POOL}/{EARLY_TENANT}"))
+    run_id = (await store.enqueue(EARLY_POOL, EARLY_TENANT, {
         "seconds": 60, "mark_dir": str(marks), "i": i})).run.id
-    if delay_ms is None:
+    watcher = None
+    lease_start: float | None = None
+    if how == "seen_leased":
         lease_start = await asyncio.wait_for(first_lease(conn, run_id), 30)
-        watcher = None
-    else:
+    elif how == "after_enqueue":
         watcher = asyncio.create_task(first_lease(conn, run_id))
-        await asyncio.sleep(random.uniform(*delay_ms) / 1000)
+        await asyncio.sleep(random.uniform(*EARLY_DELAY_MS) / 1000)
+    elif how == "in_claim":
+        await until("the worker's claim waiting on the tenant lock", lambda: fetch_one(
+            conn, WAITERS_SQL + " HAVING count(*) FILTER (WHERE wait_event = 'advisory') > 0",
+        ), 30, interval_s=0.001, alive=worker.check_alive)
     before = time.perf_counter()
-    await store.request_cancel(run_id)
+    request = asyncio.create_task(store.request_cancel(run_id))
+    if how == "in_claim":
+        await until("the cancel waiting on the run's row", lambda: fetch_one(
+            conn, WAITERS_SQL + " HAVING count(*) FILTER (WHERE wait_event <> 'advisory') > 0",
+        ), 30, interval_s=0.001, alive=worker.check_alive)
+        await gate.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
+                           (CLAIM_LOCK_CLASS, f"{EARLY_POOL}/{EARLY_TENANT}"))
+        watcher = asyncio.create_task(first_lease(conn, run_id))
+    await request
     after = time.perf_counter()
     if watcher is not None:
         lease_start = await asyncio.wait_for(watcher, 30)
@@ -499,45 +531,53 @@ async def race_cancel(store: RunStore, conn: AConn, worker: WorkerProc, marks: P
 async def early_cancel(url: str, store: RunStore, conn: AConn, log_dir: Path, *,
                        samples: int, budget_s: float, timeout_s: float) -> dict[str, Any]:
     await conn.execute("TRUNCATE agent_runs CASCADE")
+    # A pool with a tenant limit (never reached): its claims take the
+    # tenant's lock, which the in_claim race holds.
+    await store.upsert_pool(Pool(EARLY_POOL))
+    await store.set_tenant_limit(EARLY_POOL, EARLY_TENANT, 1000)
     marks = Path(tempfile.mkdtemp(prefix="marks-", dir=log_dir))
-    out: dict[str, Any] = {"lease_s": EARLY_LEASE_S}
+    out: dict[str, Any] = {"lease_s": EARLY_LEASE_S, "pool": EARLY_POOL}
     with worker_fleet(url, log_dir) as fleet:
         worker = WorkerProc(url, "early-cancel", {
-            "agent": "bench.agents:marked_sleeper", "concurrency": 4, "reaper": False,
-            "lease_s": EARLY_LEASE_S}, log_dir)
+            "agent": "bench.agents:marked_sleeper", "pool": EARLY_POOL, "concurrency": 4,
+            "reaper": False, "lease_s": EARLY_LEASE_S}, log_dir)
         fleet.append(worker.start())
         await until("listener session", lambda: fetch_one(
             conn, "SELECT 1 AS ok FROM pg_stat_activity WHERE datname = current_database()"
                   " AND application_name = 'runlease-listen'"), 60,
             interval_s=0.05, alive=worker.check_alive)
-        warm = await store.enqueue("default", "warmup", {"seconds": 0, "mark_dir": str(marks)})
+        warm = await store.enqueue(EARLY_POOL, EARLY_TENANT,
+                                   {"seconds": 0, "mark_dir": str(marks)})
         await until("warm-up run", partial(has_status, conn, warm.run.id, "done"), 60,
                     interval_s=0.01, alive=worker.check_alive)
         await asyncio.sleep(0.5)
-        for key, delay_ms in (("seen_leased", None), ("after_enqueue", EARLY_DELAY_MS)):
-            records = []
-            deadline = time.monotonic() + budget_s
-            for i in range(samples):
-                records.append(await race_cancel(store, conn, worker, marks, i, delay_ms,
-                                                 timeout_s))
-                if time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(random.uniform(0.02, 0.05))
-            out[key] = summarize_early(records, delay_ms)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as gate:
+            for how in EARLY_RACES:
+                records = []
+                deadline = time.monotonic() + budget_s
+                for i in range(samples):
+                    records.append(await race_cancel(store, conn, gate, worker, marks, i, how,
+                                                     timeout_s))
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(random.uniform(0.02, 0.05))
+                out[how] = summarize_early(records, how)
         worker.stop(grace_s=10)
     return out
 
 
-def summarize_early(records: list[dict[str, Any]],
-                    delay_ms: tuple[float, float] | None) -> dict[str, Any]:
+def summarize_early(records: list[dict[str, Any]], how: str) -> dict[str, Any]:
     leased = [r for r in records if r["claimed"]]
 
     def pct(rows: list[dict[str, Any]], key: str = "latency_ms") -> dict[str, Any]:
         return percentiles([r[key] for r in rows if r[key] is not None])
 
     return {
-        "cancel_sent": ("as soon as seen leased (status polled every ~1 ms)" if delay_ms is None
-                        else f"{delay_ms[0]:g}-{delay_ms[1]:g} ms after enqueue returned"),
+        "cancel_sent": {
+            "seen_leased": "as soon as seen leased (status polled every ~1 ms)",
+            "after_enqueue": f"{EARLY_DELAY_MS[0]:g}-{EARLY_DELAY_MS[1]:g} ms after enqueue",
+            "in_claim": "while the claim held the run's row, committed right after it",
+        }[how],
         "runs": len(records),
         "cancelled_while_pending": len(records) - len(leased),
         "leased_when_cancelled": len(leased),
@@ -568,11 +608,11 @@ def main() -> None:
     parser.add_argument("--kill-repeats", type=int, default=5)
     parser.add_argument("--capped-repeats", type=int, default=20,
                         help="(d) repetitions, once with NOTIFY and once polling only")
-    parser.add_argument("--capped-budget", type=float, default=25,
+    parser.add_argument("--capped-budget", type=float, default=35,
                         help="(d) seconds of sampling per mode at most")
     parser.add_argument("--early-cancel-samples", type=int, default=100,
                         help="(e) runs per way of racing the cancel")
-    parser.add_argument("--early-cancel-budget", type=float, default=20,
+    parser.add_argument("--early-cancel-budget", type=float, default=15,
                         help="(e) seconds of sampling per way of racing the cancel at most")
     parser.add_argument("--skip", default="", metavar="PHASES",
                         help="comma-separated phases not to run: " + ", ".join(PHASES))
@@ -720,7 +760,8 @@ def report_rows(f: dict[str, Any]) -> list[list[Any]]:
                             "(acme=1, slot held by the bench)"))
             rows.append(row("  ack call itself", d["ack_call_ms"], "ms", ""))
     for key, label in (("seen_leased", "as soon as seen leased"),
-                       ("after_enqueue", "at random just after enqueue")):
+                       ("after_enqueue", "at random just after enqueue"),
+                       ("in_claim", "committed right after the claim")):
         if key in f.get("early_cancel", {}):
             e = f["early_cancel"][key]
             rows += [
