@@ -7,6 +7,7 @@ They use only the public RunContext API, like any agent would.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from runlease.worker import RunContext
@@ -25,4 +26,12 @@ async def stamp(ctx: RunContext) -> dict[str, Any]:
 async def sleeper(ctx: RunContext) -> None:
     """Cooperative: sleeps input.seconds (default 60) via ctx.sleep, which
     wakes with RunCancelled as soon as the run is cancelled."""
+    await ctx.sleep(float(ctx.input.get("seconds", 60)))
+
+
+async def marked_sleeper(ctx: RunContext) -> None:
+    """Leaves a file named after the run in input.mark_dir the moment it
+    starts, before its first await (so an agent whose task was cancelled
+    before it ever ran leaves none), then sleeps like `sleeper`."""
+    (Path(ctx.input["mark_dir"]) / str(ctx.run_id)).write_text(repr(time.time()))
     await ctx.sleep(float(ctx.input.get("seconds", 60)))
