@@ -29,7 +29,7 @@ from runlease import metrics
 from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import Conn, connect, make_pool
-from runlease.db.models import Lease
+from runlease.db.models import Lease, Pool
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
@@ -81,6 +81,13 @@ class Worker:
                          prepare=s.prepared_statements, application_name="runlease-worker")
         await pool.open(wait=False)
         self.store = RunStore(pool, redactor=Redactor(s.redact_patterns))
+        try:
+            # The pool row is the one source of the lease: claims, heartbeats
+            # and the fence all use what it said at start.
+            s = self.settings = s.with_pool_lease((await self._check_pool()).lease_s)
+        except BaseException:
+            await pool.close()
+            raise
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack)
         self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.runs, pool=s.pool,
@@ -92,14 +99,13 @@ class Worker:
                                   on_connect=self._wake.set) if s.listen else None)
         self.elector = (LeaderElector(self.store, self.identity, ttl_s=s.leader_ttl_s)
                         if s.reaper else None)
-        self.reaper = (Reaper(self.store, self.elector, interval_s=s.reaper_interval_s,
-                              retention_s=s.retention_s) if self.elector else None)
+        self.reaper = (Reaper(self.store, self.elector, interval_s=s.reaper_interval_s)
+                       if self.elector else None)
         self.probes = (ProbeServer(s.metrics_host, s.metrics_port, health=self._healthy,
                                    ready=self._ready) if s.metrics_port else None)
         metrics.WORKER_SLOTS.labels(s.pool).set(s.concurrency)
         metrics.WORKER_DRAINING.labels(s.pool).set(0)
         try:
-            await self._check_pool()
             if self.probes:
                 await self.probes.start()
             for service in (self.acker, self.keeper, self.listener, self.elector, self.reaper):
@@ -110,8 +116,8 @@ class Worker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, self._on_signal, sig)
             self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
-            log.info("worker_started id=%s pool=%s concurrency=%s lease_s=%s", self.identity,
-                     s.pool, s.concurrency, s.lease_s)
+            log.info("worker_started id=%s pool=%s concurrency=%s lease_s=%s heartbeat_s=%s",
+                     self.identity, s.pool, s.concurrency, s.lease_s, s.heartbeat_interval_s)
             self.started.set()
             await self._done.wait()
         finally:
@@ -119,7 +125,8 @@ class Worker:
             await pool.close()
         return 0
 
-    async def _check_pool(self) -> None:
+    async def _check_pool(self) -> Pool:
+        """The pool's row, waiting for the database; a missing pool is an error."""
         delay = 0.2
         while True:
             try:
@@ -132,7 +139,10 @@ class Worker:
             if pool is None:
                 raise SettingsError(f"pool {self.settings.pool!r} does not exist; create it "
                                     "first (runlease pools upsert, or an AgentRunPool)")
-            return
+            if pool.lease_s and self.settings.lease_s and pool.lease_s != self.settings.lease_s:
+                log.warning("lease_override pool=%s pool_lease_s=%s worker_lease_s=%s",
+                            pool.name, pool.lease_s, self.settings.lease_s)
+            return pool
 
     def drain(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
