@@ -9,9 +9,9 @@ start, with a message that names the option and its environment variable.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
-import dataclasses
 import re
 import types
 from collections.abc import Callable, Mapping

@@ -113,7 +113,8 @@ def test_claim_uses_the_partial_index_beside_200k_finished_runs(db_url: str, lim
     # runs by priority from its partial index; nothing scans the table.
     places = [p for p in locking if "ORDER BY r.fair_seq, r.id" in p]
     own = [p for p in locking if "ORDER BY r.priority DESC" in p]
-    assert places and own, plans
+    assert places, plans
+    assert own, plans
     for plan in places:
         assert "Index Scan using agent_runs_claim_idx" in plan, plan
     for plan in own:

@@ -8,6 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from runlease.db.models import TenantLimit
 from runlease.operator.autoscale import decide, wanted
 from runlease.operator.build import build_all, build_deployment, build_pdb, build_service
 from runlease.operator.spec import InvalidSpec, parse
@@ -93,7 +94,7 @@ def test_every_spec_field_reaches_the_manifests() -> None:
             "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}]
     # Settings that live in the database, not in manifests:
     assert (spec.max_attempts, spec.priority_aging_s, spec.default_max_in_flight,
-            spec.tenant_overrides) == (4, 30, 3, {"vip": 9})
+            spec.tenant_overrides) == (4, 30, 3, {"vip": TenantLimit(9)})
     assert (spec.replicas_min, spec.replicas_max, spec.target_runs_per_worker,
             spec.scale_down_delay_s) == (2, 9, 0.5, 120)
 
@@ -125,6 +126,18 @@ def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str
          r"overrides\[\]\.tenant"),
         ({"tenants": {"overrides": [{"tenant": "a", "maxInFlight": 2_000_000}]}},
          r"overrides\[a\]\.maxInFlight"),
+        ({"tenants": {"overrides": [{"tenant": "a", "priorityMin": 5, "priorityMax": 1}]}},
+         r"overrides\[a\]\.priority_min"),
+        ({"tenants": {"overrides": [{"tenant": "a", "priorityMax": 101}]}},
+         r"overrides\[a\]\.priority_max"),
+        ({"toolEnv": ["RUNLEASE_DATABASE_URL"]}, r"spec\.toolEnv.*worker's own"),
+        ({"toolEnv": ["DATABASE_URL"]}, r"spec\.toolEnv"),
+        ({"toolEnv": ["PGPASSWORD"]}, r"spec\.toolEnv"),
+        ({"toolEnv": ["lower"]}, r"spec\.toolEnv"),
+        ({"toolEnv": [""]}, r"spec\.toolEnv"),
+        ({"toolEnv": [f"V{i}" for i in range(65)]}, r"spec\.toolEnv"),
+        ({"paused": "yes"}, r"spec\.paused"),
+        ({"retentionSeconds": -1}, r"spec\.retentionSeconds"),
     ],
 )
 def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str) -> None:
