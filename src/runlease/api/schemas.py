@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from runlease.core import bounds
 from runlease.db.models import DEFAULT_RETENTION_S, Pool, Run, TenantLimit
@@ -130,7 +130,7 @@ class PoolIn(Strict):
     retention_s: StrictInt = Field(DEFAULT_RETENTION_S, ge=0, le=bounds.RETENTION_S_MAX,
                                    description="Finished runs older than this are deleted; "
                                                "0 keeps them.")
-    paused: bool = Field(False, description="No run of the pool is claimed; submits are "
+    paused: StrictBool = Field(False, description="No run of the pool is claimed; submits are "
                                             "accepted and leased runs go on.")
     tool_env: list[str] = Field(
         default_factory=list, max_length=bounds.TOOL_ENV_MAX,
