@@ -252,6 +252,8 @@ class RunStore:
                     try:
                         await self._explain_missing(pool, run.tenant_id, key, c,
                                                     run.priority)
+                    except UnknownPool:
+                        raise
                     except ValidationError as exc:
                         where = f"runs[{i}]." if len(runs) > 1 else ""
                         raise ValidationError(where + exc.field, exc.message) from None
