@@ -192,7 +192,10 @@ async def test_a_worker_with_other_defaults_uses_the_pools_lease(
         # locked_until = claim time + 20 s, later renewals now + 20 s.
         assert since_claim >= timedelta(seconds=20)
         assert left <= timedelta(seconds=20)
-        handle = worker.runs[run.id]
+        async def started() -> Any:  # the claim commits before the worker records it
+            return worker.runs.get(run.id)
+
+        handle = await until(started, what="the worker to hold the run")
         assert handle.lease_s == 20
         assert handle.fence_at == handle.claimed_at + 20 - worker.settings.margin_s
 
