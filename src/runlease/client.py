@@ -302,7 +302,11 @@ class Client:
     def pools(self) -> builtins.list[dict[str, Any]]:
         return self._call("GET", "/v1/pools")  # type: ignore[no-any-return]
 
+    def pool(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/pools/{name}")  # type: ignore[no-any-return]
+
     def upsert_pool(self, name: str, **settings: Any) -> dict[str, Any]:
+        """PUT the pool: settings left out take their defaults (see pool())."""
         return self._call("PUT", f"/v1/pools/{name}", json=settings)  # type: ignore[no-any-return]
 
 

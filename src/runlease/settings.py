@@ -9,6 +9,7 @@ start, with a message that names the option and its environment variable.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -213,11 +214,15 @@ class WorkerSettings:
     claim_batch: int | None = setting(
         None, "Most runs claimed in one statement; defaults to concurrency.", minimum=1,
         maximum=1000)
-    lease_s: int = setting(45, "Lease length: a run whose worker stops renewing is "
-                               "reaped this long after the last renewal.", minimum=1,
-                           maximum=3600)
+    lease_s: int = setting(
+        0, "Lease length: a run whose worker stops renewing is reaped this long after the "
+           "last renewal. 0 (the default): the pool's lease_s, read at start (the pool row "
+           "is the one source; set it with the AgentRunPool, `runlease pools` or the API); "
+           "any other value overrides the pool for this worker (tests, experiments).",
+        minimum=0, maximum=3600)
     heartbeat_interval_s: float = setting(
-        15.0, "Seconds between lease renewals; must be below lease_s / 2.", minimum=0.05)
+        0.0, "Seconds between lease renewals; must be below lease_s / 2. 0 (the default): "
+             "a third of the lease, at most 15 s.", minimum=0)
     fence_margin_s: float | None = setting(
         None, "Safety margin of self-fencing: a run is stopped when lease_s minus this "
               "has passed since its last renewal; defaults to min(5, lease_s / 5).",
@@ -239,9 +244,6 @@ class WorkerSettings:
                                        minimum=0.05)
     leader_ttl_s: float = setting(
         15.0, "Leadership lapses this long after the leader's last renewal.", minimum=0.3)
-    retention_s: int = setting(7 * 24 * 3600, "Finished runs older than this are deleted, "
-                                              "with their events and steps; 0 keeps them.",
-                               minimum=0)
     metrics_port: int = setting(9464, "Port of /metrics, /healthz and /readyz; 0 turns it off.",
                                 minimum=0, maximum=65535)
     metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")
@@ -251,17 +253,8 @@ class WorkerSettings:
             "messages and events (comma-separated in the environment).")
 
     def check(self) -> None:
-        if self.heartbeat_interval_s >= self.lease_s / 2:
-            raise SettingsError(
-                f"{_describe('heartbeat_interval_s')} must be below half of lease_s "
-                f"({self.lease_s} s): got {self.heartbeat_interval_s}; a lease must survive "
-                "a missed renewal"
-            )
-        if self.margin_s >= self.lease_s - self.heartbeat_interval_s:
-            raise SettingsError(
-                f"{_describe('fence_margin_s')} must be below lease_s - heartbeat_interval_s "
-                f"({self.lease_s - self.heartbeat_interval_s:g} s): got {self.margin_s}"
-            )
+        if self.lease_s:
+            self.check_lease()
         if self.reaper and self.leader_ttl_s <= self.reaper_interval_s / 2:
             raise SettingsError(f"{_describe('leader_ttl_s')} must be above half of "
                                 "reaper_interval_s")
@@ -276,6 +269,29 @@ class WorkerSettings:
         except ValidationError as exc:
             raise SettingsError(f"{_describe('pool')}: {exc.message}") from None
         import_object(self.agent)
+
+    def with_pool_lease(self, pool_lease_s: int) -> WorkerSettings:
+        """These settings with the lease resolved: lease_s 0 takes the pool's,
+        heartbeat_interval_s 0 a third of the lease (at most 15 s); checked."""
+        lease_s = self.lease_s or pool_lease_s
+        heartbeat = self.heartbeat_interval_s or min(15.0, lease_s / 3)
+        resolved = dataclasses.replace(self, lease_s=lease_s, heartbeat_interval_s=heartbeat)
+        resolved.check_lease()
+        return resolved
+
+    def check_lease(self) -> None:
+        heartbeat = self.heartbeat_interval_s or min(15.0, self.lease_s / 3)
+        if heartbeat >= self.lease_s / 2:
+            raise SettingsError(
+                f"{_describe('heartbeat_interval_s')} must be below half of lease_s "
+                f"({self.lease_s} s): got {heartbeat}; a lease must survive "
+                "a missed renewal"
+            )
+        if self.margin_s >= self.lease_s - heartbeat:
+            raise SettingsError(
+                f"{_describe('fence_margin_s')} must be below lease_s - heartbeat_interval_s "
+                f"({self.lease_s - heartbeat:g} s): got {self.margin_s}"
+            )
 
     @property
     def margin_s(self) -> float:
@@ -357,8 +373,6 @@ class OperatorSettings:
                                        minimum=0.05)
     leader_ttl_s: float = setting(15.0, "Leadership lapses this long after the last "
                                         "renewal.", minimum=0.3)
-    retention_s: int = setting(7 * 24 * 3600, "Finished runs older than this are deleted; "
-                                              "0 keeps them.", minimum=0)
     metrics_port: int = setting(9465, "Port of /metrics, /healthz and /readyz; 0 turns it "
                                       "off.", minimum=0, maximum=65535)
     metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from runlease.clock import ManualClock
 from runlease.db.models import Pool
 from runlease.db.store import NewRun, RunStore
@@ -82,19 +84,19 @@ async def test_without_aging_priorities_are_strict(store: RunStore, clock: Manua
 
 
 async def claims_until_patient_runs(
-    store: RunStore, clock: ManualClock, arrivals_per_claim: int
+    store: RunStore, clock: ManualClock, arrivals_per_claim: int, patient: str = "busy"
 ) -> int:
-    await store.enqueue("default", "patient", {}, priority=-10)
+    await store.enqueue("default", patient, {}, priority=-10)
     claims = 0
     while True:
         # Fresh priority-10 runs arrive every second; one claim a second.
-        await store.enqueue_many("default", [NewRun("busy", {}, priority=10)
+        await store.enqueue_many("default", [NewRun("busy", {"busy": True}, priority=10)
                                              for _ in range(arrivals_per_claim)])
         clock.advance(1)
         (lease,) = await store.claim("default", "w", 1)
         await store.ack(lease)
         claims += 1
-        if lease.run.tenant_id == "patient":
+        if not lease.run.input_json:
             return claims
         assert claims < 1000, "the low-priority run starved"
 
@@ -103,8 +105,9 @@ async def test_low_priority_cannot_starve_under_a_steady_high_stream(
     store: RunStore, clock: ManualClock
 ) -> None:
     await store.upsert_pool(Pool("default", priority_aging_s=5))
-    # The high runs are served as they come, each waits 1 s (worth 10.2): the
-    # patient run needs 20.2 points, 101 s of waiting, then it wins.
+    # One tenant's own runs: the high runs are served as they come, each waits
+    # 1 s (worth 10.2): the patient run needs 20.2 points, 101 s of waiting,
+    # then it wins.
     assert 101 <= await claims_until_patient_runs(store, clock, 1) <= 103
 
 
@@ -115,6 +118,59 @@ async def test_low_priority_gets_through_an_overload_too(
     # Twice as many high runs arrive as are served: their backlog ages at half
     # the patient run's pace, so it catches up after about 200 claims.
     assert 195 <= await claims_until_patient_runs(store, clock, 2) <= 205
+
+
+async def test_another_tenants_high_priority_stream_does_not_delay_a_low_run(
+    store: RunStore, clock: ManualClock
+) -> None:
+    # Priority orders a tenant's own runs only: another tenant's priority-10
+    # stream is served in turn with the patient tenant's priority -10 run,
+    # with aging off (it would otherwise take 101 claims, as above).
+    await store.upsert_pool(Pool("default", priority_aging_s=0))
+    await store.enqueue_many("default", [NewRun("busy", {"busy": True}, priority=10)
+                                         for _ in range(50)])
+    assert await claims_until_patient_runs(store, clock, 1, patient="patient") <= 2
+
+
+# B's share of the first 100 claims, in a pool where A flooded at priority
+# 100 and B submitted at 0: the fair share is 50; the bound allows for the
+# order of ties at the head.
+FAIR_SHARE_MIN = 45
+
+
+@pytest.mark.parametrize("batch", [1, 10])
+async def test_a_flood_at_top_priority_does_not_jump_the_fair_share(
+    store: RunStore, batch: int
+) -> None:
+    await store.enqueue_many("default", [NewRun("a", {}, priority=100) for _ in range(500)])
+    await store.enqueue_many("default", [NewRun("b", {}, priority=0) for _ in range(50)])
+    order = await claim_order(store, "default", 100, batch=batch)
+    assert len(order) == 100
+    assert order.count("b") >= FAIR_SHARE_MIN
+
+
+async def test_a_tenant_cannot_hold_its_place_with_one_old_low_run(store: RunStore) -> None:
+    # A's oldest run (priority -100) holds A's place at the head of the fair
+    # order; A's high runs fill that place. The held place must move with
+    # them, or A would be at the head at every claim and take them all.
+    await store.enqueue("default", "a", {"old": True}, priority=-100)
+    await store.enqueue_many("default", [NewRun("a", {}, priority=100) for _ in range(200)])
+    await store.enqueue_many("default", [NewRun("b", {}) for _ in range(50)])
+    for batch in (1, 7):
+        order = await claim_order(store, "default", 50, batch=batch)
+        assert order.count("b") >= 23, (batch, order)
+
+
+async def test_priority_orders_a_tenants_own_runs(store: RunStore) -> None:
+    await store.upsert_pool(Pool("default", priority_aging_s=0))
+    await store.enqueue_many("default", [NewRun("a", {"p": p}, priority=p) for p in (0, 5, -5)])
+    await store.enqueue_many("default", [NewRun("b", {"p": p}, priority=p) for p in (1, 2)])
+    leases = await store.claim("default", "w", 5)
+    mine = [(lease.run.tenant_id, lease.run.input_json["p"]) for lease in leases]
+    assert [p for t, p in mine if t == "a"] == [5, 0, -5]
+    assert [p for t, p in mine if t == "b"] == [2, 1]
+    # And in turn: a, b, a, b, a.
+    assert [t for t, _ in mine] == ["a", "b", "a", "b", "a"]
 
 
 async def test_a_tenant_at_its_limit_is_skipped_without_blocking_others(

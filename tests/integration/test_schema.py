@@ -33,8 +33,8 @@ def schema_dump(url: str) -> str:
 def pools(url: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(
-            "SELECT name, max_attempts, lease_s, default_max_in_flight, priority_aging_s"
-            " FROM agent_run_pools ORDER BY name"
+            "SELECT name, max_attempts, lease_s, default_max_in_flight, priority_aging_s,"
+            " retention_s, paused, tool_env FROM agent_run_pools ORDER BY name"
         ).fetchall()
 
 
@@ -43,7 +43,8 @@ def test_migrations_produce_schema_sql(db_url: str, empty_db_url: str) -> None:
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute(schema)
     assert schema_dump(db_url) == schema_dump(empty_db_url)
-    assert pools(db_url) == pools(empty_db_url) == [("default", 3, 45, None, 60)]
+    assert pools(db_url) == pools(empty_db_url) == [("default", 3, 45, None, 60, 604800,
+                                                           False, [])]
 
 
 def test_migrate_is_idempotent_and_records_what_it_applied(empty_db_url: str) -> None:
@@ -107,10 +108,17 @@ def test_claim_uses_the_partial_index_beside_200k_finished_runs(db_url: str, lim
     setup = ("INSERT INTO agent_run_tenant_limits (pool, tenant_id, max_in_flight)"
              " VALUES ('default', 't1', 2)") if limited else None
     plans = claim_plans(db_url, setup)
-    candidate_plans = [p for p in plans if "LockRows" in p]
-    assert candidate_plans, plans
-    for plan in candidate_plans:
-        assert "Index Scan using agent_runs_claim_idx" in plan
+    locking = [p for p in plans if "LockRows" in p]
+    # The places come from the head of the fair order; each tenant's own
+    # runs by priority from its partial index; nothing scans the table.
+    places = [p for p in locking if "ORDER BY r.fair_seq, r.id" in p]
+    own = [p for p in locking if "ORDER BY r.priority DESC" in p]
+    assert places, plans
+    assert own, plans
+    for plan in places:
+        assert "Index Scan using agent_runs_claim_idx" in plan, plan
+    for plan in own:
+        assert "Index Scan using agent_runs_pending_priority_idx" in plan, plan
     assert not any("Seq Scan on agent_runs " in p for p in plans), plans
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from runlease.db.models import TenantLimit
 from runlease.operator.autoscale import decide, wanted
 from runlease.operator.build import build_all, build_deployment, build_pdb, build_service
 from runlease.operator.spec import InvalidSpec, parse
@@ -69,9 +70,12 @@ def test_every_spec_field_reaches_the_manifests() -> None:
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["RUNLEASE_DATABASE_URL"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
     assert (env["RUNLEASE_POOL"], env["RUNLEASE_AGENT"]) == ("batch-pool", "acme.agents:main")
-    assert (env["RUNLEASE_CONCURRENCY"], env["RUNLEASE_LEASE_S"],
+    assert (env["RUNLEASE_CONCURRENCY"],
             env["RUNLEASE_HEARTBEAT_INTERVAL_S"], env["RUNLEASE_DRAIN_GRACE_S"],
-            env["RUNLEASE_METRICS_PORT"]) == ("7", "30", "10.0", "20", "9100")
+            env["RUNLEASE_METRICS_PORT"]) == ("7", "10.0", "20", "9100")
+    # The lease is the pool row's (the operator writes spec.leaseSeconds there):
+    # workers read it, so it is not said twice.
+    assert "RUNLEASE_LEASE_S" not in env
     assert env["OPENAI_BASE_URL"] == "http://llm:8000/v1"
     assert pod["terminationGracePeriodSeconds"] == 45
     assert pod["nodeSelector"] == {"pool": "agents"}
@@ -93,7 +97,7 @@ def test_every_spec_field_reaches_the_manifests() -> None:
             "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}]
     # Settings that live in the database, not in manifests:
     assert (spec.max_attempts, spec.priority_aging_s, spec.default_max_in_flight,
-            spec.tenant_overrides) == (4, 30, 3, {"vip": 9})
+            spec.tenant_overrides) == (4, 30, 3, {"vip": TenantLimit(9)})
     assert (spec.replicas_min, spec.replicas_max, spec.target_runs_per_worker,
             spec.scale_down_delay_s) == (2, 9, 0.5, 120)
 
@@ -150,6 +154,18 @@ def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str
          r"overrides\[\]\.tenant"),
         ({"tenants": {"overrides": [{"tenant": "a", "maxInFlight": 2_000_000}]}},
          r"overrides\[a\]\.maxInFlight"),
+        ({"tenants": {"overrides": [{"tenant": "a", "priorityMin": 5, "priorityMax": 1}]}},
+         r"overrides\[a\]\.priority_min"),
+        ({"tenants": {"overrides": [{"tenant": "a", "priorityMax": 101}]}},
+         r"overrides\[a\]\.priority_max"),
+        ({"toolEnv": ["RUNLEASE_DATABASE_URL"]}, r"spec\.toolEnv.*worker's own"),
+        ({"toolEnv": ["DATABASE_URL"]}, r"spec\.toolEnv"),
+        ({"toolEnv": ["PGPASSWORD"]}, r"spec\.toolEnv"),
+        ({"toolEnv": ["lower"]}, r"spec\.toolEnv"),
+        ({"toolEnv": [""]}, r"spec\.toolEnv"),
+        ({"toolEnv": [f"V{i}" for i in range(65)]}, r"spec\.toolEnv"),
+        ({"paused": "yes"}, r"spec\.paused"),
+        ({"retentionSeconds": -1}, r"spec\.retentionSeconds"),
     ],
 )
 def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str) -> None:

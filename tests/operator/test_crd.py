@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 import yaml
 
+from runlease.db.models import TenantLimit
 from runlease.operator.spec import parse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +64,8 @@ def test_the_commented_example_is_valid() -> None:
     validate(EXAMPLE)
     spec = parse(EXAMPLE["metadata"]["name"], EXAMPLE["metadata"]["namespace"],
                  EXAMPLE["spec"])
-    assert spec.tenant_overrides == {"enterprise-co": 100, "free-tier": 2}
+    assert spec.tenant_overrides == {"enterprise-co": TenantLimit(100),
+                                     "free-tier": TenantLimit(2)}
 
 
 def test_a_minimal_pool_is_valid() -> None:
@@ -91,7 +93,13 @@ INVALID = [
     ("pool with capitals", lambda s: s.update(pool="Batch")),
     ("override tenant with a space",
      lambda s: s["tenants"]["overrides"][0].update(tenant="team a")),
-    ("override without limit", lambda s: s["tenants"]["overrides"][0].pop("maxInFlight")),
+    ("override without tenant", lambda s: s["tenants"]["overrides"][0].pop("tenant")),
+    ("override priority out of range",
+     lambda s: s["tenants"]["overrides"][0].update(priorityMax=101)),
+    ("retention negative", lambda s: s.update(retentionSeconds=-1)),
+    ("paused a string", lambda s: s.update(paused="yes")),
+    ("tool env lowercase", lambda s: s.update(toolEnv=["path"])),
+    ("tool env not a list", lambda s: s.update(toolEnv="GITHUB_TOKEN")),
     ("node selector not strings", lambda s: s.update(nodeSelector={"a": 1})),
     ("lease too short", lambda s: s["lease"].update(durationSeconds=1)),
 ]

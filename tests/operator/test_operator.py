@@ -48,9 +48,12 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
     database_secret(kmock, db_url)
     async with running_operator(kmock):
         await create_pool(kmock, "batch", concurrencyPerWorker=5,
-                          replicas={"min": 1, "max": 4},
+                          replicas={"min": 1, "max": 4}, retentionSeconds=3600, paused=True,
+                          toolEnv=["GITHUB_TOKEN", "HTTPS_PROXY"],
                           tenants={"defaultMaxInFlight": 3,
-                                   "overrides": [{"tenant": "vip", "maxInFlight": 10}]})
+                                   "overrides": [{"tenant": "vip", "maxInFlight": 10},
+                                                 {"tenant": "low", "priorityMin": -10,
+                                                  "priorityMax": 0}]})
         await eventually(lambda: stored(kmock, PDBS, "batch-workers"))  # applied last
         deployment = stored(kmock, DEPLOYMENTS, "batch-workers")
         service = stored(kmock, SERVICES, "batch-metrics")
@@ -69,12 +72,14 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
         assert condition(kmock, "Degraded")["status"] == "False"
         # The pool's row and tenant limits reached the database.
         with psycopg.connect(db_url) as conn:
-            pools = conn.execute("SELECT name, max_attempts, lease_s, default_max_in_flight"
+            pools = conn.execute("SELECT name, max_attempts, lease_s, default_max_in_flight,"
+                                 " retention_s, paused, tool_env"
                                  " FROM agent_run_pools ORDER BY name").fetchall()
-            limits = conn.execute("SELECT tenant_id, max_in_flight FROM agent_run_tenant_limits"
-                                  " WHERE pool = 'batch'").fetchall()
-        assert ("batch", 3, 45, 3) in pools
-        assert limits == [("vip", 10)]
+            limits = conn.execute("SELECT tenant_id, max_in_flight, priority_min, priority_max"
+                                  " FROM agent_run_tenant_limits"
+                                  " WHERE pool = 'batch' ORDER BY tenant_id").fetchall()
+        assert ("batch", 3, 45, 3, 3600, True, ["GITHUB_TOKEN", "HTTPS_PROXY"]) in pools
+        assert limits == [("low", None, -10, 0), ("vip", 10, None, None)]
 
 
 async def test_spec_updates_reach_the_deployment_and_the_database(

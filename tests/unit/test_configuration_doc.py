@@ -21,7 +21,8 @@ def test_settings_errors_name_the_option_and_variable() -> None:
 
     base = {"agent": "runlease.agents.script:agent", "database_url": "postgresql://x"}
     cases = {
-        "heartbeat_interval_s": ({"heartbeat_interval_s": "30"}, "RUNLEASE_HEARTBEAT_INTERVAL_S"),
+        "heartbeat_interval_s": ({"heartbeat_interval_s": "30", "lease_s": "45"},
+                                 "RUNLEASE_HEARTBEAT_INTERVAL_S"),
         "concurrency": ({"concurrency": "0"}, "RUNLEASE_CONCURRENCY"),
         "agent": ({"agent": "no.such.module:agent"}, "cannot import"),
         "agent form": ({"agent": "nocolon"}, "module:callable"),
@@ -34,6 +35,13 @@ def test_settings_errors_name_the_option_and_variable() -> None:
         with pytest.raises(SettingsError) as err:
             load(WorkerSettings, base | given, environ={})
         assert expected in str(err.value), name
+    # Without lease_s the pool's lease is checked against the heartbeat when
+    # the worker has read the pool row.
+    unresolved = load(WorkerSettings, base | {"heartbeat_interval_s": "30"}, environ={})
+    with pytest.raises(SettingsError, match="RUNLEASE_HEARTBEAT_INTERVAL_S"):
+        unresolved.with_pool_lease(45)
+    assert unresolved.with_pool_lease(90).lease_s == 90
+    assert load(WorkerSettings, base, environ={}).with_pool_lease(9).heartbeat_interval_s == 3
     # The environment is read when an option is not given; options win.
     settings = load(WorkerSettings, base | {"pool": "opt"},
                     environ={"RUNLEASE_POOL": "env", "RUNLEASE_CONCURRENCY": "3"})

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from runlease import metrics
@@ -193,7 +193,20 @@ async def redrive(run_id: UUID, who: Admin, store: Store) -> RunOut:
 @router.get("/pools", response_model=list[PoolOut])
 async def pools(who: Admin, store: Store) -> list[PoolOut]:
     """Pools and their tenant limits (admin)."""
-    return [PoolOut.of(p, await store.tenant_limits(p.name)) for p in await store.list_pools()]
+    return [PoolOut.of(p, await store.tenant_settings(p.name)) for p in await store.list_pools()]
+
+
+@router.get("/pools/{pool_name}", response_model=PoolOut,
+            responses={404: {"model": ErrorBody, "description": "No such pool."}})
+async def get_pool(
+    pool_name: Annotated[str, Path(min_length=1, max_length=48, pattern=POOL_PATTERN)],
+    who: Admin, store: Store,
+) -> PoolOut:
+    """One pool and its tenant settings (admin)."""
+    pool = await store.get_pool(pool_name)
+    if pool is None:
+        raise HTTPException(404, f"no pool {pool_name!r}")
+    return PoolOut.of(pool, await store.tenant_settings(pool_name))
 
 
 @router.put("/pools/{pool_name}", response_model=PoolOut)
@@ -201,8 +214,10 @@ async def put_pool(
     pool_name: Annotated[str, Path(min_length=1, max_length=48, pattern=POOL_PATTERN)],
     body: PoolIn, who: Admin, store: Store,
 ) -> PoolOut:
-    """Create or update a pool; its tenant limits become exactly those given (admin)."""
+    """Create or update a pool: every setting as given (left out: its default);
+    its tenant limits and priority bands become exactly those given (admin)."""
     pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
-                                     body.default_max_in_flight, body.priority_aging_s),
-                                body.tenant_limits)
-    return PoolOut.of(pool, await store.tenant_limits(pool_name))
+                                     body.default_max_in_flight, body.priority_aging_s,
+                                     body.retention_s, body.paused, tuple(body.tool_env)),
+                                body.tenants())
+    return PoolOut.of(pool, await store.tenant_settings(pool_name))

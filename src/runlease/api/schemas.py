@@ -6,10 +6,10 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from runlease.core import bounds
-from runlease.db.models import Pool, Run
+from runlease.db.models import DEFAULT_RETENTION_S, Pool, Run, TenantLimit
 
 POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
@@ -108,13 +108,46 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class PriorityBand(Strict):
+    """The priorities a tenant may submit in a pool; outside them a submit is
+    refused with 422. Priority orders only the tenant's own runs."""
+
+    min: StrictInt = Field(bounds.PRIORITY_MIN, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
+    max: StrictInt = Field(bounds.PRIORITY_MAX, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
+
+
 class PoolIn(Strict):
+    """A pool's whole settings: a field left out takes its default (PUT
+    replaces; `runlease pools upsert` reads the pool first and changes only
+    what it is given)."""
+
     max_attempts: StrictInt = Field(3, ge=bounds.MAX_ATTEMPTS_MIN, le=bounds.MAX_ATTEMPTS_MAX)
-    lease_s: StrictInt = Field(45, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX)
+    lease_s: StrictInt = Field(45, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX,
+                               description="Lease length workers claim and renew with "
+                                           "(read at worker start).")
     default_max_in_flight: StrictInt | None = Field(None, ge=0, le=bounds.MAX_IN_FLIGHT_MAX)
     priority_aging_s: StrictInt = Field(60, ge=0, le=bounds.AGING_S_MAX)
+    retention_s: StrictInt = Field(DEFAULT_RETENTION_S, ge=0, le=bounds.RETENTION_S_MAX,
+                                   description="Finished runs older than this are deleted; "
+                                               "0 keeps them.")
+    paused: StrictBool = Field(False, description="No run of the pool is claimed; submits are "
+                                            "accepted and leased runs go on.")
+    tool_env: list[str] = Field(
+        default_factory=list, max_length=bounds.TOOL_ENV_MAX,
+        description="Names of worker environment variables the pool's tools may see.")
     tenant_limits: dict[str, StrictInt] = Field(
-        default_factory=dict, description="Per-tenant caps on runs leased at once.")
+        default_factory=dict, max_length=10_000,
+        description="Per-tenant caps on runs leased at once.")
+    tenant_priority: dict[str, PriorityBand] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Per-tenant priority bands; tenants not named may use -100..100.")
+
+    def tenants(self) -> dict[str, TenantLimit]:
+        names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority]))
+        return {t: TenantLimit(
+                    self.tenant_limits.get(t),
+                    *((b.min, b.max) if (b := self.tenant_priority.get(t)) else (None, None)))
+                for t in names}
 
 
 class PoolOut(BaseModel):
@@ -123,10 +156,23 @@ class PoolOut(BaseModel):
     lease_s: int
     default_max_in_flight: int | None
     priority_aging_s: int
+    retention_s: int
+    paused: bool
+    tool_env: list[str]
     tenant_limits: dict[str, int]
+    tenant_priority: dict[str, PriorityBand]
 
     @classmethod
-    def of(cls, pool: Pool, limits: dict[str, int]) -> PoolOut:
+    def of(cls, pool: Pool, tenants: dict[str, TenantLimit]) -> PoolOut:
         return cls(name=pool.name, max_attempts=pool.max_attempts, lease_s=pool.lease_s,
                    default_max_in_flight=pool.default_max_in_flight,
-                   priority_aging_s=pool.priority_aging_s, tenant_limits=limits)
+                   priority_aging_s=pool.priority_aging_s, retention_s=pool.retention_s,
+                   paused=pool.paused, tool_env=list(pool.tool_env),
+                   tenant_limits={t: s.max_in_flight for t, s in tenants.items()
+                                  if s.max_in_flight is not None},
+                   tenant_priority={
+                       t: PriorityBand(
+                           min=bounds.PRIORITY_MIN if s.priority_min is None else s.priority_min,
+                           max=bounds.PRIORITY_MAX if s.priority_max is None else s.priority_max)
+                       for t, s in tenants.items()
+                       if s.priority_min is not None or s.priority_max is not None})

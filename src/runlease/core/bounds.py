@@ -104,6 +104,50 @@ def check_aging_s(value: object) -> int:
     return _int("priority_aging_s", value, 0, AGING_S_MAX)
 
 
+RETENTION_S_MAX = 10 * 365 * 24 * 3600
+TOOL_ENV_MAX = 64
+_ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+# The worker's own credentials: a pool must not hand them to tools. libpq
+# reads PG* variables (PGPASSWORD, PGSERVICEFILE, ...) as connection settings.
+_WORKER_ENV_RE = re.compile(r"^(RUNLEASE_|PG)|^DATABASE_URL$")
+
+
+def check_retention_s(value: object) -> int:
+    return _int("retention_s", value, 0, RETENTION_S_MAX)
+
+
+def check_tool_env(value: object) -> tuple[str, ...]:
+    """Names of environment variables a pool grants its tools, checked."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValidationError("tool_env", "must be a list of environment variable names")
+    if len(value) > TOOL_ENV_MAX:
+        raise ValidationError("tool_env", f"must name at most {TOOL_ENV_MAX} variables, "
+                                          f"got {len(value)}")
+    names: list[str] = []
+    for i, name in enumerate(value):
+        field = f"tool_env[{i}]"
+        if not isinstance(name, str):
+            raise ValidationError(field, f"must be a string, got {type(name).__name__}")
+        if not _ENV_NAME_RE.match(name):
+            raise ValidationError(field, "must match ^[A-Z_][A-Z0-9_]*$ (at most 128 "
+                                         f"characters), got {name[:40]!r}")
+        if _WORKER_ENV_RE.search(name):
+            raise ValidationError(field, f"{name} is the worker's own (RUNLEASE_*, "
+                                         "DATABASE_URL and PG* are never given to tools)")
+        if name in names:
+            raise ValidationError(field, f"names {name} twice")
+        names.append(name)
+    return tuple(names)
+
+
+def check_priority_band(lo: object, hi: object) -> tuple[int | None, int | None]:
+    low = None if lo is None else _int("priority_min", lo, PRIORITY_MIN, PRIORITY_MAX)
+    high = None if hi is None else _int("priority_max", hi, PRIORITY_MIN, PRIORITY_MAX)
+    if low is not None and high is not None and low > high:
+        raise ValidationError("priority_min", f"must not exceed priority_max ({low} > {high})")
+    return low, high
+
+
 class NotJson(ValidationError):
     """A value JSON (or jsonb) cannot hold."""
 

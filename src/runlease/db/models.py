@@ -131,13 +131,48 @@ class Step:
         return cls(**_pick(cls, row))
 
 
+DEFAULT_RETENTION_S = 7 * 24 * 3600
+
+
 @dataclass(frozen=True, slots=True)
 class Pool:
+    """A pool's settings: the one source workers, the reaper and the API read.
+
+    lease_s: lease length workers claim and renew with (read at worker start).
+    retention_s: finished runs older than this are deleted; 0 keeps them.
+    paused: no run of the pool is claimed; submits are accepted.
+    tool_env: names of worker environment variables the pool's tools may see.
+    """
+
     name: str
     max_attempts: int = 3
     lease_s: int = 45
     default_max_in_flight: int | None = None
     priority_aging_s: int = 60
+    retention_s: int = DEFAULT_RETENTION_S
+    paused: bool = False
+    tool_env: tuple[str, ...] = ()
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        values = _pick(cls, row)
+        if "tool_env" in values:
+            values["tool_env"] = tuple(values["tool_env"] or ())
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimit:
+    """One tenant's settings in a pool; None means "not set".
+
+    max_in_flight: cap on its runs leased at once (None: the pool's
+    default_max_in_flight; 0: paused). priority_min/priority_max: the band of
+    priorities it may submit (None: -100 / 100); outside it a submit is refused.
+    """
+
+    max_in_flight: int | None = None
+    priority_min: int | None = None
+    priority_max: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

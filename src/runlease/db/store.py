@@ -36,6 +36,7 @@ from runlease.db.models import (
     ReapResult,
     Run,
     Step,
+    TenantLimit,
 )
 from runlease.db.queries import sql
 from runlease.errors import (
@@ -268,19 +269,38 @@ class RunStore:
             by_key = {(r["tenant_id"], r["idempotency_key"]): r for r in rows}
             by_id = {r["id"]: r for r in rows}
             results: list[EnqueueResult] = []
-            for run, run_id, key in zip(runs, ids, keys, strict=True):
+            for i, (run, run_id, key) in enumerate(zip(runs, ids, keys, strict=True)):
                 row = by_id.get(run_id) or (by_key.get((run.tenant_id, key)) if key else None)
                 if row is None:
-                    await self._explain_missing(pool, run.tenant_id, key, c)
+                    try:
+                        await self._explain_missing(pool, run.tenant_id, key, c,
+                                                    run.priority)
+                    except UnknownPool:
+                        raise
+                    except ValidationError as exc:
+                        where = f"runs[{i}]." if len(runs) > 1 else ""
+                        raise ValidationError(where + exc.field, exc.message) from None
                     raise RunleaseError(f"enqueue returned no row for run {run_id}")
                 results.append(EnqueueResult(Run.from_row(row), bool(row["inserted"])))
             return results
 
-    async def _explain_missing(self, pool: str, tenant: str, key: str | None, c: Conn) -> None:
-        """A row the insert did not return: the pool is unknown, or the key
-        names a run with another input. Raising rolls the batch back."""
+    async def _explain_missing(self, pool: str, tenant: str, key: str | None, c: Conn,
+                               priority: int | None = None) -> None:
+        """A row the insert did not return: the pool is unknown, the priority
+        is outside the tenant's band, or the key names a run with another
+        input. Raising rolls the batch back."""
         if await self.get_pool(pool, conn=c) is None:
             raise UnknownPool(pool)
+        band = await self._rows("tenant_band_get", {"pool": pool, "tenant": tenant}, c)
+        lo, hi = ((band[0]["priority_min"], band[0]["priority_max"]) if band else (None, None))
+        lo = bounds.PRIORITY_MIN if lo is None else lo
+        hi = bounds.PRIORITY_MAX if hi is None else hi
+        if priority is not None and not lo <= priority <= hi:
+            # Refused, not clamped: a clamped priority would silently reorder
+            # the tenant's runs in a way it did not ask for.
+            raise ValidationError(
+                "priority", f"must be between {lo} and {hi} for tenant {tenant!r} in pool "
+                            f"{pool!r} (the band an admin set), got {priority}")
         if key is not None:
             rows = await self._rows(
                 "run_get_by_keys", {"pool": pool, "tenant": tenant, "keys": [key]}, c
@@ -595,13 +615,18 @@ class RunStore:
         )
         return [Event.from_row(r) for r in rows]
 
-    # -- pools and tenant limits --------------------------------------------
+    # -- pools and tenant settings -------------------------------------------
 
     async def upsert_pool(self, pool: Pool, *, conn: Conn | None = None) -> Pool:
+        """Create or update a pool; every field of `pool` is written."""
         bounds.check_pool(pool.name)
         bounds.check_max_attempts(pool.max_attempts)
         bounds.check_lease_s(pool.lease_s)
         bounds.check_aging_s(pool.priority_aging_s)
+        bounds.check_retention_s(pool.retention_s)
+        tool_env = bounds.check_tool_env(pool.tool_env)
+        if not isinstance(pool.paused, bool):
+            raise ValidationError("paused", "must be true or false")
         if pool.default_max_in_flight is not None:
             bounds.check_max_in_flight("default_max_in_flight", pool.default_max_in_flight)
         rows = await self._rows(
@@ -612,6 +637,9 @@ class RunStore:
                 "lease_s": pool.lease_s,
                 "default_max_in_flight": pool.default_max_in_flight,
                 "priority_aging_s": pool.priority_aging_s,
+                "retention_s": pool.retention_s,
+                "paused": pool.paused,
+                "tool_env": list(tool_env),
             },
             conn,
         )
@@ -625,25 +653,38 @@ class RunStore:
         return [Pool.from_row(r) for r in await self._rows("pool_list", {}, conn)]
 
     async def replace_tenant_limits(
-        self, pool: str, limits: Mapping[str, int], *, conn: Conn | None = None
+        self, pool: str, limits: Mapping[str, int | TenantLimit], *, conn: Conn | None = None
     ) -> None:
-        """Make the pool's per-tenant overrides exactly `limits`."""
+        """Make the pool's per-tenant settings exactly `limits` (an int is a
+        cap alone)."""
         bounds.check_pool(pool)
+        given: dict[str, TenantLimit] = {}
         for tenant, limit in limits.items():
             bounds.check_tenant(tenant)
-            bounds.check_max_in_flight(f"limits[{tenant}]", limit)
+            setting = limit if isinstance(limit, TenantLimit) else TenantLimit(limit)
+            if setting.max_in_flight is not None:
+                bounds.check_max_in_flight(f"limits[{tenant}]", setting.max_in_flight)
+            try:
+                bounds.check_priority_band(setting.priority_min, setting.priority_max)
+            except ValidationError as exc:
+                raise ValidationError(f"limits[{tenant}].{exc.field}", exc.message) from None
+            given[tenant] = setting
         if await self.get_pool(pool, conn=conn) is None:
             raise UnknownPool(pool)
         await self._rows(
             "tenant_limits_replace",
-            {"pool": pool, "tenants": list(limits), "limits": list(limits.values())},
+            {"pool": pool, "tenants": list(given),
+             "limits": [g.max_in_flight for g in given.values()],
+             "mins": [g.priority_min for g in given.values()],
+             "maxs": [g.priority_max for g in given.values()]},
             conn,
         )
 
     async def put_pool(
-        self, pool: Pool, limits: Mapping[str, int], *, conn: Conn | None = None
+        self, pool: Pool, limits: Mapping[str, int | TenantLimit], *,
+        conn: Conn | None = None
     ) -> Pool:
-        """Create or update a pool and make its tenant overrides exactly
+        """Create or update a pool and make its tenant settings exactly
         `limits`, in one transaction (the API's PUT and the operator)."""
         async with self.connection(conn) as c, c.transaction():
             stored = await self.upsert_pool(pool, conn=c)
@@ -653,31 +694,54 @@ class RunStore:
     async def set_tenant_limit(
         self, pool: str, tenant_id: str, max_in_flight: int | None, *, conn: Conn | None = None
     ) -> None:
-        """Set one override; None removes it (the pool's default applies again)."""
+        """Set one tenant's cap; None removes it (the pool's default applies
+        again). Its priority band is kept."""
         bounds.check_pool(pool)
         bounds.check_tenant(tenant_id)
-        if max_in_flight is None:
-            await self._rows("tenant_limit_delete", {"pool": pool, "tenant": tenant_id}, conn)
-            return
-        bounds.check_max_in_flight("max_in_flight", max_in_flight)
-        if await self.get_pool(pool, conn=conn) is None:
-            raise UnknownPool(pool)
-        await self._rows(
-            "tenant_limit_set",
-            {"pool": pool, "tenant": tenant_id, "max_in_flight": max_in_flight},
-            conn,
-        )
+        if max_in_flight is not None:
+            bounds.check_max_in_flight("max_in_flight", max_in_flight)
+        await self._set_tenant("tenant_limit_set", pool, tenant_id,
+                               {"max_in_flight": max_in_flight}, conn)
+
+    async def set_tenant_priority_band(
+        self, pool: str, tenant_id: str, priority_min: int | None, priority_max: int | None,
+        *, conn: Conn | None = None,
+    ) -> None:
+        """Set the priorities a tenant may submit; None, None removes the band."""
+        bounds.check_pool(pool)
+        bounds.check_tenant(tenant_id)
+        lo, hi = bounds.check_priority_band(priority_min, priority_max)
+        await self._set_tenant("tenant_band_set", pool, tenant_id,
+                               {"priority_min": lo, "priority_max": hi}, conn)
+
+    async def _set_tenant(self, name: str, pool: str, tenant_id: str,
+                          values: dict[str, Any], conn: Conn | None) -> None:
+        async with self.connection(conn) as c, c.transaction():
+            if await self.get_pool(pool, conn=c) is None:
+                raise UnknownPool(pool)
+            params = {"pool": pool, "tenant": tenant_id}
+            await self._rows(name, params | values, c)
+            await self._rows("tenant_limit_prune", params, c)
 
     async def tenant_limits(self, pool: str, *, conn: Conn | None = None) -> dict[str, int]:
+        """Tenants' caps (only those that have one)."""
+        return {t: s.max_in_flight for t, s in (await self.tenant_settings(pool, conn=conn)).items()
+                if s.max_in_flight is not None}
+
+    async def tenant_settings(
+        self, pool: str, *, conn: Conn | None = None
+    ) -> dict[str, TenantLimit]:
         rows = await self._rows("tenant_limits_list", {"pool": pool}, conn)
-        return {r["tenant_id"]: r["max_in_flight"] for r in rows}
+        return {r["tenant_id"]: TenantLimit.from_row(r) for r in rows}
 
     # -- retention and leader election -------------------------------------
 
     async def delete_finished(
         self, retention_s: int, *, batch: int = 1000, conn: Conn | None = None
     ) -> int:
-        """Delete runs that finished more than retention_s ago (one batch)."""
+        """Delete runs of every pool that finished more than retention_s ago
+        (one batch): an operator's explicit purge. The reaper uses
+        delete_expired, which follows each pool's retention_s."""
         # A zero or negative period would delete every finished run.
         if isinstance(retention_s, bool) or not isinstance(retention_s, int) or retention_s < 1:
             raise ValidationError("retention_s", "must be a whole number of seconds, at least 1")
@@ -686,6 +750,17 @@ class RunStore:
             "run_retention_delete", {"retention_s": retention_s, "batch": batch}, conn
         )
         return len(rows)
+
+    async def delete_expired(self, *, batch: int = 1000,
+                             conn: Conn | None = None) -> dict[str, int]:
+        """One batch of retention by each pool's retention_s (0 keeps a
+        pool's runs); returns the runs deleted per pool."""
+        _check_batch(batch)
+        rows = await self._rows("run_retention_by_pool", {"batch": batch}, conn)
+        deleted: dict[str, int] = {}
+        for r in rows:
+            deleted[r["pool"]] = deleted.get(r["pool"], 0) + 1
+        return deleted
 
     async def leader_acquire(
         self, name: str, me: str, ttl_s: float, *, conn: Conn | None = None

@@ -66,7 +66,6 @@ def worker_env(spec: PoolSpec) -> list[dict[str, Any]]:
         value("RUNLEASE_POOL", spec.pool),
         value("RUNLEASE_AGENT", spec.agent),
         value("RUNLEASE_CONCURRENCY", spec.concurrency_per_worker),
-        value("RUNLEASE_LEASE_S", spec.lease_s),
         value("RUNLEASE_HEARTBEAT_INTERVAL_S", spec.heartbeat_s),
         value("RUNLEASE_DRAIN_GRACE_S", spec.drain_grace_s),
         value("RUNLEASE_METRICS_PORT", spec.metrics_port),

@@ -55,8 +55,7 @@ class Databases:
         elector = reaper = None
         if s.reaper:
             elector = LeaderElector(store, self.identity, ttl_s=s.leader_ttl_s)
-            reaper = Reaper(store, elector, interval_s=s.reaper_interval_s,
-                            retention_s=s.retention_s)
+            reaper = Reaper(store, elector, interval_s=s.reaper_interval_s)
             elector.start()
             reaper.start()
         db = self._by_url[url] = Database(store, elector, reaper)

@@ -115,8 +115,11 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
     meta = body["metadata"]
     spec = parse(meta["name"], meta["namespace"], body.get("spec") or {})
     db = await memo.dbs.for_pool(memo.k8s, spec)
+    # The pool row is the one source workers and the reaper read (lease,
+    # retention, pause, tool env): the spec writes all of it.
     await db.store.put_pool(Pool(spec.pool, spec.max_attempts, spec.lease_s,
-                                 spec.default_max_in_flight, spec.priority_aging_s),
+                                 spec.default_max_in_flight, spec.priority_aging_s,
+                                 spec.retention_s, spec.paused, spec.tool_env),
                             spec.tenant_overrides)
     existing = await memo.k8s.deployment(spec.namespace, build.names(spec)["deployment"])
     if existing is not None:

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from runlease.core import bounds
+from runlease.db.models import DEFAULT_RETENTION_S, TenantLimit
 from runlease.errors import ValidationError
 
 T = TypeVar("T")
@@ -48,7 +49,10 @@ class PoolSpec:
     max_attempts: int = 3
     priority_aging_s: int = 60
     default_max_in_flight: int | None = None
-    tenant_overrides: dict[str, int] = field(default_factory=dict)
+    tenant_overrides: dict[str, TenantLimit] = field(default_factory=dict)
+    retention_s: int = DEFAULT_RETENTION_S
+    paused: bool = False
+    tool_env: tuple[str, ...] = ()
     drain_grace_s: int = 25
     termination_grace_s: int = 60
     metrics_port: int = 9464
@@ -144,6 +148,10 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         priority_aging_s=_int(spec, "priorityAgingSeconds", 60, 0, bounds.AGING_S_MAX),
         default_max_in_flight=default_limit,
         tenant_overrides=_overrides(spec),
+        retention_s=_int(spec, "retentionSeconds", DEFAULT_RETENTION_S, 0,
+                         bounds.RETENTION_S_MAX),
+        paused=_bool(spec, "paused"),
+        tool_env=_bounded("spec.toolEnv", bounds.check_tool_env, spec.get("toolEnv") or []),
         drain_grace_s=_int(spec, "drainGraceSeconds", 25, 0, 3600),
         termination_grace_s=_int(spec, "terminationGracePeriodSeconds", 60, 1, 7200),
         metrics_port=_int(spec, "metricsPort", 9464, 1, 65535),
@@ -160,19 +168,33 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     return parsed
 
 
-def _overrides(spec: Mapping[str, Any]) -> dict[str, int]:
+def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:
     # Checked by the same bounds the store applies: a value the store would
     # refuse is an invalid spec, not a write to retry forever.
-    overrides: dict[str, int] = {}
+    overrides: dict[str, TenantLimit] = {}
     for item in _list(_mapping(spec, "tenants"), "overrides"):
         tenant = _bounded("spec.tenants.overrides[].tenant", bounds.check_tenant,
                           item.get("tenant"))
         if tenant in overrides:
             raise InvalidSpec(f"spec.tenants.overrides names tenant {tenant!r} twice")
-        overrides[tenant] = _bounded(f"spec.tenants.overrides[{tenant}].maxInFlight",
-                                     partial(bounds.check_max_in_flight, "maxInFlight"),
-                                     item.get("maxInFlight"))
+        where = f"spec.tenants.overrides[{tenant}]"
+        limit = item.get("maxInFlight")
+        if limit is not None:
+            limit = _bounded(f"{where}.maxInFlight",
+                             partial(bounds.check_max_in_flight, "maxInFlight"), limit)
+        try:
+            lo, hi = bounds.check_priority_band(item.get("priorityMin"), item.get("priorityMax"))
+        except ValidationError as exc:
+            raise InvalidSpec(f"{where}.{exc.field}: {exc.message}") from None
+        overrides[tenant] = TenantLimit(limit, lo, hi)
     return overrides
+
+
+def _bool(spec: Mapping[str, Any], key: str) -> bool:
+    value = spec.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidSpec(f"spec.{key} must be true or false, got {value!r}")
+    return value
 
 
 def _bounded(where: str, check: Callable[[object], T], value: object) -> T:

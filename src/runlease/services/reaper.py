@@ -1,5 +1,9 @@
 """The reaper: expired leases back to the queue, and retention.
 
+Retention follows each pool's own retention_s (agent_run_pools), so whichever
+process wins the election deletes by the same windows: the pool row is the
+one source, set from the AgentRunPool, `runlease pools` or the API.
+
 Only the elected leader runs it (so a fleet does not reap in step); the
 reap statement itself is safe to run concurrently, so a brief overlap while
 leadership changes hands costs nothing but work.
@@ -26,14 +30,12 @@ class Reaper(PeriodicService):
         elector: LeaderElector,
         *,
         interval_s: float = 5.0,
-        retention_s: int = 7 * 24 * 3600,
         batch: int = 1000,
         max_batches: int = 20,
     ) -> None:
         super().__init__(interval_s)
         self.store = store
         self.elector = elector
-        self.retention_s = retention_s
         self.batch = batch
         self.max_batches = max_batches
 
@@ -41,8 +43,7 @@ class Reaper(PeriodicService):
         if not self.elector.is_leader:
             return
         await self.reap()
-        if self.retention_s > 0:
-            await self.retain()
+        await self.retain()
 
     async def reap(self) -> int:
         total = 0
@@ -58,13 +59,19 @@ class Reaper(PeriodicService):
         return total
 
     async def retain(self) -> int:
+        """Delete finished runs past their pool's retention, in bounded batches."""
         total = 0
+        by_pool: dict[str, int] = {}
         for _ in range(self.max_batches):
-            deleted = await self.store.delete_finished(self.retention_s, batch=self.batch)
-            total += deleted
-            if deleted < self.batch:
+            deleted = await self.store.delete_expired(batch=self.batch)
+            n = sum(deleted.values())
+            for pool, count in deleted.items():
+                by_pool[pool] = by_pool.get(pool, 0) + count
+            total += n
+            if n < self.batch:
                 break
         if total:
             metrics.RETENTION_DELETED.inc(total)
-            log.info("retention_deleted runs=%d", total)
+            for pool, count in sorted(by_pool.items()):
+                log.info("retention_deleted pool=%s runs=%d", pool, count)
         return total

@@ -28,7 +28,7 @@ from runlease import metrics
 from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import Conn, connect, make_pool
-from runlease.db.models import Lease
+from runlease.db.models import Lease, Pool
 from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
@@ -57,8 +57,8 @@ class Worker:
         tool_grant: frozenset[str] = frozenset(),
         seal_environ: bool = True,
     ) -> None:
-        """`tool_grant`: the variables of the worker's environment its tools may
-        see (the pool's tool_env). `seal_environ` takes the worker's secrets
+        """`tool_grant`: variables of the worker's environment its tools may
+        see, besides what the pool's tool_env grants. `seal_environ` takes the worker's secrets
         out of os.environ at start (worker/toolenv.py); tests that run a
         Worker inside their own process turn it off."""
         if not settings.database_url:
@@ -98,6 +98,16 @@ class Worker:
                          prepare=s.prepared_statements, application_name="runlease-worker")
         await pool.open(wait=False)
         self.store = RunStore(pool, redactor=Redactor(s.redact_patterns))
+        try:
+            # The pool row is the one source of the lease (claims, heartbeats
+            # and the fence all use what it said at start) and of the
+            # variables its tools may see.
+            row = await self._check_pool()
+            s = self.settings = s.with_pool_lease(row.lease_s)
+            self.tool_grant = self.tool_grant | frozenset(row.tool_env)
+        except BaseException:
+            await pool.close()
+            raise
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack)
         self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
@@ -109,14 +119,13 @@ class Worker:
                                   on_connect=self._wake.set) if s.listen else None)
         self.elector = (LeaderElector(self.store, self.identity, ttl_s=s.leader_ttl_s)
                         if s.reaper else None)
-        self.reaper = (Reaper(self.store, self.elector, interval_s=s.reaper_interval_s,
-                              retention_s=s.retention_s) if self.elector else None)
+        self.reaper = (Reaper(self.store, self.elector, interval_s=s.reaper_interval_s)
+                       if self.elector else None)
         self.probes = (ProbeServer(s.metrics_host, s.metrics_port, health=self._healthy,
                                    ready=self._ready) if s.metrics_port else None)
         metrics.WORKER_SLOTS.labels(s.pool).set(s.concurrency)
         metrics.WORKER_DRAINING.labels(s.pool).set(0)
         try:
-            await self._check_pool()
             if self.probes:
                 await self.probes.start()
             for service in (self.acker, self.keeper, self.listener, self.elector, self.reaper):
@@ -127,8 +136,8 @@ class Worker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, self._on_signal, sig)
             self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
-            log.info("worker_started id=%s pool=%s concurrency=%s lease_s=%s", self.identity,
-                     s.pool, s.concurrency, s.lease_s)
+            log.info("worker_started id=%s pool=%s concurrency=%s lease_s=%s heartbeat_s=%s",
+                     self.identity, s.pool, s.concurrency, s.lease_s, s.heartbeat_interval_s)
             self.started.set()
             await self._done.wait()
         finally:
@@ -136,7 +145,8 @@ class Worker:
             await pool.close()
         return 0
 
-    async def _check_pool(self) -> None:
+    async def _check_pool(self) -> Pool:
+        """The pool's row, waiting for the database; a missing pool is an error."""
         delay = 0.2
         while True:
             try:
@@ -149,7 +159,10 @@ class Worker:
             if pool is None:
                 raise SettingsError(f"pool {self.settings.pool!r} does not exist; create it "
                                     "first (runlease pools upsert, or an AgentRunPool)")
-            return
+            if pool.lease_s and self.settings.lease_s and pool.lease_s != self.settings.lease_s:
+                log.warning("lease_override pool=%s pool_lease_s=%s worker_lease_s=%s",
+                            pool.name, pool.lease_s, self.settings.lease_s)
+            return pool
 
     def drain(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""

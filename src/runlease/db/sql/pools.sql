@@ -1,15 +1,22 @@
--- Pools and their tenant limits (agent_run_pools, agent_run_tenant_limits).
+-- Pools and their tenant settings (agent_run_pools, agent_run_tenant_limits).
 
 
 -- name: pool_upsert
+-- Every setting of the pool, as given: the store's put/patch callers decide
+-- what is given (the CLI reads the pool first and changes only what it is told).
 INSERT INTO agent_run_pools AS p
-       (name, max_attempts, lease_s, default_max_in_flight, priority_aging_s)
-VALUES (%(name)s, %(max_attempts)s, %(lease_s)s, %(default_max_in_flight)s, %(priority_aging_s)s)
+       (name, max_attempts, lease_s, default_max_in_flight, priority_aging_s, retention_s,
+        paused, tool_env)
+VALUES (%(name)s, %(max_attempts)s, %(lease_s)s, %(default_max_in_flight)s,
+        %(priority_aging_s)s, %(retention_s)s, %(paused)s, %(tool_env)s::text[])
     ON CONFLICT (name) DO UPDATE
    SET max_attempts = excluded.max_attempts,
        lease_s = excluded.lease_s,
        default_max_in_flight = excluded.default_max_in_flight,
        priority_aging_s = excluded.priority_aging_s,
+       retention_s = excluded.retention_s,
+       paused = excluded.paused,
+       tool_env = excluded.tool_env,
        updated_at = now()
 RETURNING *;
 
@@ -23,38 +30,64 @@ SELECT * FROM agent_run_pools ORDER BY name;
 
 
 -- name: tenant_limits_replace
--- Make the pool's overrides exactly the given list: upsert those given,
+-- Make the pool's tenant settings exactly the given list: upsert those given,
 -- delete the others (an override removed from a spec is removed here).
 WITH given AS (
-    SELECT * FROM unnest(%(tenants)s::text[], %(limits)s::integer[]) AS g (tenant_id, max_in_flight)
+    SELECT * FROM unnest(%(tenants)s::text[], %(limits)s::integer[], %(mins)s::integer[],
+                         %(maxs)s::integer[])
+           AS g (tenant_id, max_in_flight, priority_min, priority_max)
 ), removed AS (
     DELETE FROM agent_run_tenant_limits t
      WHERE t.pool = %(pool)s
        AND t.tenant_id <> ALL (%(tenants)s::text[])
     RETURNING t.tenant_id
 ), upserted AS (
-    INSERT INTO agent_run_tenant_limits AS t (pool, tenant_id, max_in_flight)
-    SELECT %(pool)s, given.tenant_id, given.max_in_flight FROM given
+    INSERT INTO agent_run_tenant_limits AS t
+           (pool, tenant_id, max_in_flight, priority_min, priority_max)
+    SELECT %(pool)s, given.tenant_id, given.max_in_flight, given.priority_min,
+           given.priority_max
+      FROM given
         ON CONFLICT (pool, tenant_id) DO UPDATE
-       SET max_in_flight = excluded.max_in_flight, updated_at = now()
-     WHERE t.max_in_flight IS DISTINCT FROM excluded.max_in_flight
+       SET max_in_flight = excluded.max_in_flight, priority_min = excluded.priority_min,
+           priority_max = excluded.priority_max, updated_at = now()
+     WHERE (t.max_in_flight, t.priority_min, t.priority_max)
+           IS DISTINCT FROM (excluded.max_in_flight, excluded.priority_min,
+                             excluded.priority_max)
     RETURNING t.tenant_id
 )
 SELECT (SELECT count(*) FROM removed) AS removed, (SELECT count(*) FROM upserted) AS upserted;
 
 
 -- name: tenant_limit_set
+-- One tenant's cap; its priority band is kept. NULL: the pool's default.
 INSERT INTO agent_run_tenant_limits AS t (pool, tenant_id, max_in_flight)
 VALUES (%(pool)s, %(tenant)s, %(max_in_flight)s)
     ON CONFLICT (pool, tenant_id) DO UPDATE
    SET max_in_flight = excluded.max_in_flight, updated_at = now();
 
 
--- name: tenant_limit_delete
-DELETE FROM agent_run_tenant_limits WHERE pool = %(pool)s AND tenant_id = %(tenant)s;
+-- name: tenant_band_set
+-- One tenant's priority band; its cap is kept. NULL, NULL: no band.
+INSERT INTO agent_run_tenant_limits AS t (pool, tenant_id, priority_min, priority_max)
+VALUES (%(pool)s, %(tenant)s, %(priority_min)s, %(priority_max)s)
+    ON CONFLICT (pool, tenant_id) DO UPDATE
+   SET priority_min = excluded.priority_min, priority_max = excluded.priority_max,
+       updated_at = now();
+
+
+-- name: tenant_limit_prune
+-- A row that no longer says anything is removed.
+DELETE FROM agent_run_tenant_limits
+ WHERE pool = %(pool)s AND tenant_id = %(tenant)s
+   AND max_in_flight IS NULL AND priority_min IS NULL AND priority_max IS NULL;
 
 
 -- name: tenant_limits_list
-SELECT tenant_id, max_in_flight FROM agent_run_tenant_limits
+SELECT tenant_id, max_in_flight, priority_min, priority_max FROM agent_run_tenant_limits
  WHERE pool = %(pool)s
  ORDER BY tenant_id;
+
+
+-- name: tenant_band_get
+SELECT priority_min, priority_max FROM agent_run_tenant_limits
+ WHERE pool = %(pool)s AND tenant_id = %(tenant)s;

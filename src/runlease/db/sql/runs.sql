@@ -16,11 +16,15 @@
 
 -- name: run_enqueue
 -- One run or a batch, as one multi-row INSERT from parallel arrays.
--- Fairness: each (tenant, priority) lane joins the pool's fair order at
--- max(the level's head, the end of the tenant's own pending line), so a tenant
--- with 10 runs is interleaved with one that has 10,000 instead of queued
--- behind them. A repeated idempotency key returns the existing run (inserted =
--- false) when the input is the same and no row when it differs.
+-- Fairness: a tenant's runs join the pool's fair order at max(the order's
+-- head, the end of the tenant's own pending line), whatever their priority,
+-- so a tenant with 10 runs is interleaved with one that has 10,000 instead of
+-- queued behind them, and a high priority buys no place ahead of another
+-- tenant (it orders the tenant's own runs; see runlease_claim). A run whose
+-- priority is outside the tenant's band (agent_run_tenant_limits) is not
+-- inserted; the store explains the missing row. A repeated idempotency key
+-- returns the existing run (inserted = false) when the input is the same and
+-- no row when it differs.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
 ), pool AS (
@@ -34,34 +38,37 @@ WITH clock AS (
            AS i (id, tenant_id, priority, max_attempts, budget_json, input_json,
                  idempotency_key, ord)
 ), lanes AS (
-    SELECT l.tenant_id, l.priority,
+    SELECT l.tenant_id,
            greatest(
                (SELECT max(r.fair_seq) + 1 FROM agent_runs r
                  WHERE r.pool = %(pool)s AND r.status = 'pending'
-                   AND r.tenant_id = l.tenant_id AND r.priority = l.priority),
+                   AND r.tenant_id = l.tenant_id),
                coalesce(
                    (SELECT r.fair_seq FROM agent_runs r, clock
                      WHERE r.pool = %(pool)s AND r.status = 'pending'
-                       AND r.priority = l.priority AND r.available_at <= clock.ts
+                       AND r.available_at <= clock.ts
                      ORDER BY r.fair_seq LIMIT 1),
                    (SELECT r.fair_seq FROM agent_runs r
                      WHERE r.pool = %(pool)s AND r.status = 'pending'
-                       AND r.priority = l.priority
                      ORDER BY r.fair_seq LIMIT 1),
                    0)) AS base
-      FROM (SELECT DISTINCT tenant_id, priority FROM input) l
+      FROM (SELECT DISTINCT tenant_id FROM input) l
 ), ins AS (
     INSERT INTO agent_runs AS r
            (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
             idempotency_key, available_at, created_at, updated_at)
     SELECT i.id, pool.name, i.tenant_id, i.priority,
-           lanes.base + row_number() OVER (PARTITION BY i.tenant_id, i.priority ORDER BY i.ord) - 1,
+           lanes.base + row_number() OVER (PARTITION BY i.tenant_id ORDER BY i.ord) - 1,
            coalesce(i.max_attempts, pool.max_attempts), i.budget_json, i.input_json,
            i.idempotency_key, clock.ts, clock.ts, clock.ts
       FROM input i
-      JOIN lanes USING (tenant_id, priority)
+      JOIN lanes USING (tenant_id)
      CROSS JOIN pool
      CROSS JOIN clock
+      LEFT JOIN agent_run_tenant_limits band
+        ON band.pool = pool.name AND band.tenant_id = i.tenant_id
+     WHERE i.priority BETWEEN coalesce(band.priority_min, -100)
+                          AND coalesce(band.priority_max, 100)
      ORDER BY i.ord
         ON CONFLICT (pool, tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL
         DO UPDATE SET idempotency_key = excluded.idempotency_key
@@ -451,3 +458,38 @@ WITH cutoff AS (
      WHERE t.tenant_id = deleted.tenant_id AND t.run_id = deleted.id
 )
 SELECT id FROM deleted;
+
+
+-- name: run_retention_by_pool
+-- Retention as each pool sets it: delete runs that finished more than their
+-- pool's retention_s ago (0 keeps them), with their events and steps by
+-- cascade, in one bounded batch across pools. Like run_retention_delete, the
+-- primary key bounds the scan: ids below the UUIDv7 of the latest cutoff.
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), pools AS (
+    SELECT p.name, clock.ts - make_interval(secs => p.retention_s) AS cutoff
+      FROM agent_run_pools p, clock
+     WHERE p.retention_s > 0
+), bound AS (
+    SELECT (lpad(to_hex((extract(epoch FROM max(pools.cutoff)) * 1000)::bigint), 12, '0')
+            || repeat('0', 20))::uuid AS id
+      FROM pools
+), doomed AS (
+    SELECT r.id
+      FROM agent_runs r
+      JOIN pools ON pools.name = r.pool
+     CROSS JOIN bound
+     WHERE r.id < bound.id
+       AND r.finished_at < pools.cutoff
+     ORDER BY r.id
+     LIMIT %(batch)s
+       FOR UPDATE OF r SKIP LOCKED
+), deleted AS (
+    DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
+    RETURNING r.id, r.pool, r.tenant_id
+), unindexed AS (
+    DELETE FROM agent_run_tenant_index t USING deleted
+     WHERE t.tenant_id = deleted.tenant_id AND t.run_id = deleted.id
+)
+SELECT id, pool FROM deleted;

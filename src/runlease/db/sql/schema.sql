@@ -17,19 +17,36 @@ CREATE TABLE agent_run_pools (
     -- 0 turns aging off (strict priorities).
     priority_aging_s      integer     NOT NULL DEFAULT 60 CHECK (priority_aging_s >= 0),
     created_at            timestamptz NOT NULL DEFAULT now(),
-    updated_at            timestamptz NOT NULL DEFAULT now()
+    updated_at            timestamptz NOT NULL DEFAULT now(),
+    -- Finished runs older than this are deleted by the reaper's leader; 0 keeps them.
+    retention_s           integer     NOT NULL DEFAULT 604800 CHECK (retention_s >= 0),
+    -- A paused pool takes runs but no worker claims them; leased runs go on.
+    paused                boolean     NOT NULL DEFAULT false,
+    -- Names of worker environment variables this pool's tools may see
+    -- (the store refuses the worker's own: RUNLEASE_*, DATABASE_URL, PG*).
+    tool_env              text[]      NOT NULL DEFAULT '{}'
+                                      CONSTRAINT agent_run_pools_tool_env_check
+                                      CHECK (cardinality(tool_env) <= 64
+                                             AND (cardinality(tool_env) = 0
+                                                  OR array_to_string(tool_env, ' ', ' ')
+                                                     ~ '^[A-Z_][A-Z0-9_]{0,127}( [A-Z_][A-Z0-9_]{0,127})*$'))
 );
 
 INSERT INTO agent_run_pools (name) VALUES ('default');
 
--- Per-tenant caps on runs leased at once; a tenant without a row gets the
--- pool's default_max_in_flight. 0 pauses the tenant.
+-- Per-tenant settings of a pool. max_in_flight caps runs leased at once
+-- (NULL: the pool's default_max_in_flight; 0 pauses the tenant). The priority
+-- band bounds the priorities the tenant may submit (NULL: -100 or 100); a
+-- submit outside it is refused. Priority only orders a tenant's own runs.
 CREATE TABLE agent_run_tenant_limits (
     pool          text        NOT NULL REFERENCES agent_run_pools (name) ON DELETE CASCADE,
     tenant_id     text        NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
-    max_in_flight integer     NOT NULL CHECK (max_in_flight >= 0),
+    max_in_flight integer     CHECK (max_in_flight >= 0),
     updated_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pool, tenant_id)
+    priority_min  integer     CHECK (priority_min BETWEEN -100 AND 100),
+    priority_max  integer     CHECK (priority_max BETWEEN -100 AND 100),
+    PRIMARY KEY (pool, tenant_id),
+    CONSTRAINT agent_run_tenant_limits_band_check CHECK (priority_min <= priority_max)
 );
 
 -- The hot table. Heartbeats rewrite locked_until every few seconds, so no
@@ -45,8 +62,8 @@ CREATE TABLE agent_runs (
     status              text        NOT NULL DEFAULT 'pending'
                                     CHECK (status IN ('pending', 'leased', 'done', 'dead', 'cancelled')),
     priority            integer     NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100),
-    -- Position in the pool's fair order within one priority: start tags of a
-    -- start-time fair queue, assigned at enqueue (see run_enqueue).
+    -- Position in the pool's fair order: start tags of a start-time fair
+    -- queue, assigned at enqueue (see run_enqueue), across priorities.
     fair_seq            bigint      NOT NULL DEFAULT 0,
     attempts            integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     max_attempts        integer     NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 100),
@@ -86,9 +103,9 @@ CREATE TABLE agent_runs (
     autovacuum_vacuum_cost_delay = 1
 );
 
--- Claim: the head of each priority level of a pool, in fair order.
+-- Claim: the head of a pool's fair order (whose turn it is).
 CREATE INDEX agent_runs_claim_idx
-    ON agent_runs (pool, priority DESC, fair_seq, id)
+    ON agent_runs (pool, fair_seq, id)
     WHERE status = 'pending';
 
 -- Leases: reap scans it for expired ones; claim counts a tenant's in-flight
@@ -99,7 +116,12 @@ CREATE INDEX agent_runs_leased_idx
 
 -- Enqueue: where a tenant's own line ends in the fair order.
 CREATE INDEX agent_runs_pending_tenant_idx
-    ON agent_runs (pool, tenant_id, priority, fair_seq)
+    ON agent_runs (pool, tenant_id, fair_seq)
+    WHERE status = 'pending';
+
+-- Claim: a tenant's own runs by priority, to fill the places it is given.
+CREATE INDEX agent_runs_pending_priority_idx
+    ON agent_runs (pool, tenant_id, priority DESC, fair_seq, id)
     WHERE status = 'pending';
 
 CREATE UNIQUE INDEX agent_runs_idempotency_idx
@@ -161,18 +183,23 @@ CREATE TABLE runlease_leaders (
 -- Claim up to p_n runs of a pool for one worker: one call, one short
 -- transaction, plans cached by PL/pgSQL.
 --
--- Candidates: for each priority level of the pool that has pending runs, the
--- first p_n available ones in fair order (fair_seq), locked with SKIP LOCKED.
--- Each level's effective priority is its priority plus one per
--- priority_aging_s seconds its longest-waiting candidate has waited, so a low
--- level cannot starve; the best p_n candidates by that order are leased.
+-- Fairness first, then priority. The pool's fair order (fair_seq, assigned at
+-- enqueue) hands out places in turn: the first p_n available runs in that
+-- order are this claim's places, and each place belongs to its run's tenant.
+-- A tenant's own priority then decides which of its runs fills its places:
+-- among its place holders and its highest-priority available runs, the best
+-- by effective priority (its priority plus one per priority_aging_s seconds
+-- waited, so a low-priority run cannot starve). Priority never moves a run
+-- ahead of another tenant's. A place holder passed over takes the fair_seq of
+-- the run that used its place, so the tenant's remaining places stay where
+-- they were: a tenant cannot keep a place at the head by holding one old run.
 --
--- Tenant limits: when the pool has any, claimers serialize per limited tenant
--- on a transaction-level advisory lock and count that tenant's leases in a
--- statement that starts after the lock is held, so the count includes every
--- claim committed before: never more than L leased, however many workers
--- claim at once. A single statement cannot do this, its snapshot predates
--- any lock it takes; hence a function.
+-- Paused pools claim nothing. Tenant limits: when the pool has any,
+-- claimers serialize per limited tenant on a transaction-level advisory lock
+-- and count that tenant's leases in a statement that starts after the lock is
+-- held, so the count includes every claim committed before: never more than
+-- L leased, however many workers claim at once. A single statement cannot do
+-- this, its snapshot predates any lock it takes; hence a function.
 CREATE FUNCTION runlease_claim(
     p_pool text, p_worker text, p_n integer, p_lease_s integer, p_now timestamptz
 ) RETURNS TABLE (
@@ -189,30 +216,48 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := coalesce(p_now, now());
+    v_now           timestamptz := coalesce(p_now, now());
     v_lease_s       integer;
     v_default_limit integer;
     v_aging_s       integer;
-    v_limited boolean;
-    v_skip    text[] := '{}';
-    v_ids     uuid[];
-    v_tenants text[];
-    v_prios   integer[];
-    v_fair    bigint[];
-    v_scores  double precision[];
+    v_paused        boolean;
+    v_limited       boolean;
+    v_skip          text[] := '{}';
+    v_only          text[];
+    v_slot_ids      uuid[];
+    v_slot_tenants  text[];
+    v_tenants       text[];
+    v_takes         integer[];
+    v_pick_ids      uuid[];
+    v_pick_tenants  text[];
+    v_pick_fair     bigint[];
+    v_pick_k        bigint[];
 BEGIN
-    SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s,
+    SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s, p.paused,
            p.default_max_in_flight IS NOT NULL
-           OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p_pool)
-      INTO v_lease_s, v_default_limit, v_aging_s, v_limited
+           OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t
+                       WHERE t.pool = p_pool AND t.max_in_flight IS NOT NULL)
+      INTO v_lease_s, v_default_limit, v_aging_s, v_paused, v_limited
       FROM agent_run_pools p WHERE p.name = p_pool;
-    IF NOT FOUND OR p_n < 1 THEN
+    IF NOT FOUND OR v_paused OR p_n < 1 THEN
         RETURN;
+    END IF;
+
+    IF v_default_limit = 0 THEN
+        -- Every tenant without a positive override is paused: look only at
+        -- those with one, or paused tenants' runs at the head of the fair
+        -- order would fill every place and nobody would ever be claimed.
+        SELECT coalesce(array_agg(t.tenant_id), '{}') INTO v_only
+          FROM agent_run_tenant_limits t
+         WHERE t.pool = p_pool AND t.max_in_flight > 0;
+        IF cardinality(v_only) = 0 THEN
+            RETURN;
+        END IF;
     END IF;
 
     IF v_limited THEN
         -- Tenants at their limit by this snapshot: only a hint that keeps
-        -- their runs out of the candidates; the exact count comes after the locks.
+        -- their runs out of the places; the exact count comes after the locks.
         SELECT coalesce(array_agg(x.tenant_id), '{}') INTO v_skip
           FROM (SELECT l.tenant_id
                   FROM (SELECT r.tenant_id, count(*) AS n
@@ -224,56 +269,35 @@ BEGIN
                  WHERE l.n >= coalesce(t.max_in_flight, v_default_limit)
                 UNION
                 SELECT t.tenant_id FROM agent_run_tenant_limits t
-                 WHERE t.pool = p_pool AND t.max_in_flight = 0) x;
+                 WHERE t.pool = p_pool
+                   AND coalesce(t.max_in_flight, v_default_limit) = 0) x;
     END IF;
 
-    WITH RECURSIVE levels (priority) AS (
-        (SELECT r.priority FROM agent_runs r
-          WHERE r.pool = p_pool AND r.status = 'pending'
-          ORDER BY r.priority DESC LIMIT 1)
-        UNION ALL
-        SELECT (SELECT r.priority FROM agent_runs r
-                 WHERE r.pool = p_pool AND r.status = 'pending' AND r.priority < l.priority
-                 ORDER BY r.priority DESC LIMIT 1)
-          FROM levels l
-         WHERE l.priority IS NOT NULL
-    ), candidates AS (
-        SELECT c.*,
-               c.priority + CASE WHEN v_aging_s > 0
-                                 THEN max(extract(epoch FROM v_now - c.available_at))
-                                          OVER (PARTITION BY c.priority)
-                                      / v_aging_s
-                                 ELSE 0 END AS score
-          FROM levels l
-         CROSS JOIN LATERAL (
-                SELECT r.id, r.tenant_id, r.priority, r.fair_seq, r.available_at
-                  FROM agent_runs r
-                 WHERE r.pool = p_pool
-                   AND r.status = 'pending'
-                   AND r.priority = l.priority
-                   AND r.available_at <= v_now
-                   AND r.cancel_requested_at IS NULL
-                   AND r.tenant_id <> ALL (v_skip)
-                 ORDER BY r.fair_seq, r.id
-                 LIMIT p_n
-                   FOR UPDATE SKIP LOCKED
-               ) c
-         WHERE l.priority IS NOT NULL
-    )
-    SELECT array_agg(c.id), array_agg(c.tenant_id), array_agg(c.priority),
-           array_agg(c.fair_seq), array_agg(c.score)
-      INTO v_ids, v_tenants, v_prios, v_fair, v_scores
-      FROM candidates c;
-    IF v_ids IS NULL THEN
+    -- The places: the head of the pool's fair order.
+    SELECT array_agg(s.id ORDER BY s.fair_seq, s.id),
+           array_agg(s.tenant_id ORDER BY s.fair_seq, s.id)
+      INTO v_slot_ids, v_slot_tenants
+      FROM (SELECT r.id, r.tenant_id, r.fair_seq
+              FROM agent_runs r
+             WHERE r.pool = p_pool
+               AND r.status = 'pending'
+               AND r.available_at <= v_now
+               AND r.cancel_requested_at IS NULL
+               AND r.tenant_id <> ALL (v_skip)
+               AND (v_only IS NULL OR r.tenant_id = ANY (v_only))
+             ORDER BY r.fair_seq, r.id
+             LIMIT p_n
+               FOR UPDATE SKIP LOCKED) s;
+    IF v_slot_ids IS NULL THEN
         RETURN;
     END IF;
 
     IF v_limited THEN
-        -- Lock every limited tenant among the candidates, in one global order
+        -- Lock every limited tenant among the places, in one global order
         -- so two claimers can never wait for each other in a cycle.
         PERFORM pg_advisory_xact_lock(1381322316, k.key)
            FROM (SELECT DISTINCT hashtext(p_pool || '/' || c.tenant_id) AS key
-                   FROM unnest(v_tenants) AS c (tenant_id)
+                   FROM unnest(v_slot_tenants) AS c (tenant_id)
                    LEFT JOIN agent_run_tenant_limits t
                      ON t.pool = p_pool AND t.tenant_id = c.tenant_id
                   WHERE coalesce(t.max_in_flight, v_default_limit) IS NOT NULL
@@ -281,33 +305,99 @@ BEGIN
     END IF;
 
     -- A new statement, so a new snapshot: it sees every claim committed by
-    -- whoever held a tenant's lock before us. The candidates are still ours:
-    -- their row locks are held since the candidate statement.
+    -- whoever held a tenant's lock before us. How many places each tenant
+    -- can use: all of them, or what its limit leaves.
+    SELECT array_agg(k.tenant_id), array_agg(k.take)
+      INTO v_tenants, v_takes
+      FROM (SELECT d.tenant_id,
+                   CASE WHEN v_limited
+                             AND coalesce(t.max_in_flight, v_default_limit) IS NOT NULL
+                        THEN least(d.places, coalesce(t.max_in_flight, v_default_limit)
+                                   - (SELECT count(*) FROM agent_runs r
+                                       WHERE r.pool = p_pool AND r.tenant_id = d.tenant_id
+                                         AND r.status = 'leased'))
+                        ELSE d.places END::integer AS take
+              FROM (SELECT c.tenant_id, count(*) AS places
+                      FROM unnest(v_slot_tenants) AS c (tenant_id)
+                     GROUP BY c.tenant_id) d
+              LEFT JOIN agent_run_tenant_limits t
+                ON t.pool = p_pool AND t.tenant_id = d.tenant_id) k
+     WHERE k.take > 0;
+    IF v_tenants IS NULL THEN
+        RETURN;
+    END IF;
+
+    -- Each tenant's own order fills its places: its place holders and its
+    -- `take` highest-priority available runs compete by effective priority.
+    WITH takes AS (
+        SELECT * FROM unnest(v_tenants, v_takes) AS k (tenant_id, take)
+    ), own AS (
+        SELECT r.id, r.tenant_id, r.priority, r.fair_seq, r.available_at
+          FROM agent_runs r
+         WHERE r.id = ANY (v_slot_ids)
+        UNION
+        SELECT c.id, c.tenant_id, c.priority, c.fair_seq, c.available_at
+          FROM takes k
+         CROSS JOIN LATERAL (
+                SELECT r.id, r.tenant_id, r.priority, r.fair_seq, r.available_at
+                  FROM agent_runs r
+                 WHERE r.pool = p_pool
+                   AND r.tenant_id = k.tenant_id
+                   AND r.status = 'pending'
+                   AND r.available_at <= v_now
+                   AND r.cancel_requested_at IS NULL
+                 ORDER BY r.priority DESC, r.fair_seq, r.id
+                 LIMIT k.take
+                   FOR UPDATE SKIP LOCKED
+               ) c
+    ), ranked AS (
+        SELECT o.id, o.tenant_id, o.fair_seq,
+               row_number() OVER (
+                   PARTITION BY o.tenant_id
+                   ORDER BY o.priority + CASE WHEN v_aging_s > 0
+                                              THEN extract(epoch FROM v_now - o.available_at)
+                                                   / v_aging_s
+                                              ELSE 0 END DESC,
+                            o.priority DESC, o.fair_seq, o.id) AS k
+          FROM own o
+    )
+    SELECT array_agg(r.id), array_agg(r.tenant_id), array_agg(r.fair_seq), array_agg(r.k)
+      INTO v_pick_ids, v_pick_tenants, v_pick_fair, v_pick_k
+      FROM ranked r
+      JOIN takes USING (tenant_id)
+     WHERE r.k <= takes.take;
+
     RETURN QUERY
-    WITH candidates AS (
-        SELECT c.*,
-               row_number() OVER (PARTITION BY c.tenant_id
-                                  ORDER BY c.score DESC, c.priority DESC, c.fair_seq, c.id) AS nth
-          FROM unnest(v_ids, v_tenants, v_prios, v_fair, v_scores)
-               AS c (id, tenant_id, priority, fair_seq, score)
-    ), room AS (
-        SELECT d.tenant_id,
-               coalesce(t.max_in_flight, v_default_limit)
-               - (SELECT count(*) FROM agent_runs r
-                   WHERE r.pool = p_pool AND r.tenant_id = d.tenant_id
-                     AND r.status = 'leased') AS free
-          FROM (SELECT DISTINCT tenant_id FROM candidates) d
-          LEFT JOIN agent_run_tenant_limits t
-            ON t.pool = p_pool AND t.tenant_id = d.tenant_id
-         WHERE v_limited
+    WITH places AS (
+        SELECT s.id, s.tenant_id, s.ord,
+               row_number() OVER (PARTITION BY s.tenant_id ORDER BY s.ord) AS k
+          FROM unnest(v_slot_ids, v_slot_tenants) WITH ORDINALITY AS s (id, tenant_id, ord)
+    ), picks AS (
+        SELECT * FROM unnest(v_pick_ids, v_pick_tenants, v_pick_fair, v_pick_k)
+                      AS p (id, tenant_id, fair_seq, k)
+    ), used AS (
+        -- The places spent: a tenant's first `take`, the k-th filled by its k-th pick.
+        SELECT pl.id, pl.tenant_id, pl.ord, pl.k FROM places pl
+         WHERE EXISTS (SELECT 1 FROM picks p WHERE p.tenant_id = pl.tenant_id AND p.k = pl.k)
+    ), passed AS (
+        SELECT u.id, u.tenant_id, row_number() OVER (PARTITION BY u.tenant_id ORDER BY u.ord) AS j
+          FROM used u
+         WHERE u.id NOT IN (SELECT p.id FROM picks p)
+    ), freed AS (
+        SELECT p.fair_seq, p.tenant_id,
+               row_number() OVER (PARTITION BY p.tenant_id ORDER BY p.fair_seq, p.id) AS j
+          FROM picks p
+         WHERE p.id NOT IN (SELECT u.id FROM used u)
+    ), moved AS (
+        UPDATE agent_runs r
+           SET fair_seq = f.fair_seq
+          FROM passed x
+          JOIN freed f USING (tenant_id, j)
+         WHERE r.id = x.id
     ), chosen AS (
-        SELECT c.id, row_number() OVER (ORDER BY c.score DESC, c.priority DESC,
-                                                 c.fair_seq, c.id) AS nth
-          FROM candidates c
-          LEFT JOIN room USING (tenant_id)
-         WHERE room.free IS NULL OR c.nth <= room.free
-         ORDER BY nth
-         LIMIT p_n
+        SELECT p.id, row_number() OVER (ORDER BY u.ord) AS nth
+          FROM picks p
+          JOIN used u ON u.tenant_id = p.tenant_id AND u.k = p.k
     )
     -- Only what a worker needs; nth is the claim order (the caller sorts).
     UPDATE agent_runs r
