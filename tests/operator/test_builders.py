@@ -12,6 +12,7 @@ from runlease.db.models import TenantLimit
 from runlease.operator.autoscale import decide, wanted
 from runlease.operator.build import build_all, build_deployment, build_pdb, build_service
 from runlease.operator.spec import InvalidSpec, parse
+from tests.operator.hostile import HOSTILE_NAMES
 
 OLDEST_KUBERNETES = "1.27"  # docs/installation.md says so too
 OWNER = {"metadata": {"name": "batch", "uid": "uid-batch"}}
@@ -40,6 +41,7 @@ FULL = {
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
     "serviceAccountName": "agents",
+    "imagePullSecrets": [{"name": "registry"}, {"name": "mirror.example"}],
     "podAnnotations": {"example.com/team": "ml"},
     "podLabels": {"team": "ml"},
 }
@@ -82,6 +84,7 @@ def test_every_spec_field_reaches_the_manifests() -> None:
     assert pod["tolerations"] == FULL["tolerations"]
     assert pod["affinity"] == FULL["affinity"]
     assert pod["serviceAccountName"] == "agents"
+    assert pod["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror.example"}]
     template_meta = deployment["spec"]["template"]["metadata"]
     assert template_meta["annotations"] == {"example.com/team": "ml"}
     assert template_meta["labels"]["team"] == "ml"
@@ -171,6 +174,29 @@ def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str
 def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidSpec, match=field):
         parse("batch", "ml", FULL | change)
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("spec.database.secretKeyRef.name",
+         lambda v: {"database": {"secretKeyRef": {"name": v}}}),
+        ("spec.serviceAccountName", lambda v: {"serviceAccountName": v}),
+        (r"spec.imagePullSecrets\[1\].name",
+         lambda v: {"imagePullSecrets": [{"name": "ok"}, {"name": v}]}),
+    ],
+    ids=["secret", "service-account", "pull-secret"],
+)
+def test_a_name_that_is_a_path_is_refused(field: str, change: Any, name: str) -> None:
+    with pytest.raises(InvalidSpec, match=rf"^{field} must "):
+        parse("batch", "ml", FULL | change(name))
+
+
+@pytest.mark.parametrize("name", [*HOSTILE_NAMES, "a.b", "x" * 51])
+def test_a_pool_name_that_is_not_a_label_is_refused(name: str) -> None:
+    with pytest.raises(InvalidSpec, match=r"^metadata\.name must "):
+        parse(name, "ml", FULL)
 
 
 def test_the_default_pool_is_the_name_and_must_be_a_valid_pool() -> None:

@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from runlease.db.models import TenantLimit
+from runlease.operator import names
 from runlease.operator.spec import parse
+from tests.operator.hostile import HOSTILE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "agentrunpools.runlease.dev.yaml").read_text())
@@ -111,3 +113,42 @@ def test_invalid_pools_are_rejected(mutate: Any) -> None:
     mutate(body["spec"])
     with pytest.raises(jsonschema.ValidationError):
         validate(body)
+
+
+def test_the_crd_checks_names_as_spec_parse_does() -> None:
+    spec = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    secret = spec["properties"]["database"]["properties"]["secretKeyRef"]["properties"]
+    named = [secret["name"], spec["properties"]["serviceAccountName"],
+             spec["properties"]["imagePullSecrets"]["items"]["properties"]["name"]]
+    for schema in named:
+        assert (schema["pattern"], schema["maxLength"]) == (
+            names.SUBDOMAIN_PATTERN, names.SUBDOMAIN_MAX_CHARS)
+    assert (secret["key"]["pattern"], secret["key"]["maxLength"]) == (
+        names.SECRET_KEY_PATTERN, names.SUBDOMAIN_MAX_CHARS)
+
+
+NAME_FIELDS = {
+    "secret": lambda s, v: s["database"]["secretKeyRef"].update(name=v),
+    "service account": lambda s, v: s.update(serviceAccountName=v),
+    "pull secret": lambda s, v: s.update(imagePullSecrets=[{"name": v}]),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+@pytest.mark.parametrize("field", list(NAME_FIELDS))
+def test_the_crd_refuses_names_that_are_paths(field: str, name: str) -> None:
+    body = copy.deepcopy(EXAMPLE)
+    NAME_FIELDS[field](body["spec"], name)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(body)
+
+
+@pytest.mark.parametrize("key", ["..", ".", "a/b", "../url", "k" * 254])
+def test_the_crd_refuses_secret_keys_that_are_paths(key: str) -> None:
+    body = copy.deepcopy(EXAMPLE)
+    body["spec"]["database"]["secretKeyRef"]["key"] = key
+    if key not in (".", ".."):  # the schema's pattern allows these; spec.parse does not
+        with pytest.raises(jsonschema.ValidationError):
+            validate(body)
+    with pytest.raises(ValueError, match=r"secretKeyRef\.key"):
+        parse("p", "ns", body["spec"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import psycopg
@@ -25,6 +26,7 @@ from tests.operator.conftest import (
     running_operator,
     stored,
 )
+from tests.operator.hostile import HOSTILE_NAMES
 
 OWNER = {"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": "batch",
          "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}
@@ -248,3 +250,29 @@ async def test_two_operators_elect_one_reaper(kmock: Any, kubeconfig: str,
         await asyncio.sleep(1)
         assert leaders() == first  # one leader, the same one, while both run
         assert first[0][0].startswith("operator-")
+
+
+async def test_a_hostile_name_reaches_nothing_outside_the_namespace(
+    kmock: Any, kubeconfig: str, db_url: str
+) -> None:
+    database_secret(kmock, db_url)
+    # What the hostile names aim at: another namespace's database Secret.
+    kmock.objects["v1/secrets", "kube-system", "db"] = {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "kube-system", "uid": "uid-system-db"},
+        "data": {"url": base64.b64encode(db_url.encode()).decode()}}
+    pools = {f"hostile-{i}": name for i, name in enumerate(HOSTILE_NAMES)}
+    async with running_operator(kmock):
+        for pool, name in pools.items():
+            await create_pool(kmock, pool, database={"secretKeyRef": {"name": name}},
+                              imagePullSecrets=[{"name": name}])
+        for pool in pools:
+            await eventually(lambda p=pool: condition(kmock, "Degraded", p)["status"] == "True")
+            degraded = condition(kmock, "Degraded", pool)
+            assert degraded["reason"] == "InvalidSpec"
+            assert degraded["message"].startswith("spec.database.secretKeyRef.name must be")
+    elsewhere = [f"{r.method} {r.url}" for r in list(kmock)
+                 if r.namespace not in (None, NS)]
+    assert elsewhere == []
+    assert requests_of(kmock, resource="v1/secrets") == []
+    assert not requests_of(kmock, method="POST", resource=DEPLOYMENTS)

@@ -122,6 +122,8 @@ def build_deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> di
                        ("affinity", spec.affinity)):
         if value:
             pod[key] = value
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     template_meta: dict[str, Any] = {"labels": {**spec.pod_labels, **labels(spec)}}
     if spec.pod_annotations:
         template_meta["annotations"] = dict(spec.pod_annotations)

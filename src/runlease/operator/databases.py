@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from runlease.db.connect import make_pool
 from runlease.db.store import RunStore
-from runlease.operator.k8s import Kubernetes
+from runlease.operator.k8s import Kubernetes, secret_path
 from runlease.operator.spec import PoolSpec
 from runlease.services.leader import LeaderElector
 from runlease.services.reaper import Reaper
@@ -63,8 +63,7 @@ class Databases:
         return db
 
     async def for_pool(self, k8s: Kubernetes, spec: PoolSpec) -> Database:
-        secret = await k8s.get(f"/api/v1/namespaces/{spec.namespace}/secrets/"
-                               f"{spec.database_secret}")
+        secret = await k8s.get(secret_path(spec.namespace, spec.database_secret))
         if secret is None:
             raise SecretMissing(f"spec.database.secretKeyRef: no Secret "
                                 f"{spec.database_secret!r} in {spec.namespace}")

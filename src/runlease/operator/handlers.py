@@ -32,7 +32,7 @@ from runlease.operator import build
 from runlease.operator import status as st
 from runlease.operator.autoscale import decide, wanted
 from runlease.operator.databases import Databases, SecretMissing
-from runlease.operator.k8s import ApiError, Kubernetes
+from runlease.operator.k8s import ApiError, Kubernetes, pool_path
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer
 from runlease.services.identity import boot_id
@@ -269,8 +269,9 @@ async def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Mem
     meta = body.get("metadata") or {}
     owner = (meta.get("labels") or {}).get(build.OWNER_LABEL)
     namespace = meta.get("namespace")
-    pool = await memo.k8s.get(f"/apis/{build.GROUP}/{build.VERSION}/namespaces/{namespace}/"
-                              f"{PLURAL}/{owner}")
+    if not isinstance(owner, str) or not isinstance(namespace, str):
+        return
+    pool = await memo.k8s.get(pool_path(namespace, owner))
     if pool is None or (pool.get("metadata") or {}).get("deletionTimestamp"):
         return  # the pool is gone: the Deployment went with it
     try:

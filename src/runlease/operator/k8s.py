@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import kopf
@@ -64,6 +65,21 @@ PATHS = {
 }
 
 
+def segment(name: str) -> str:
+    """One path segment: a name is quoted whole, so '/' or '..' in it can
+    never reach another path (spec.parse refuses such names first)."""
+    return quote(name, safe="")
+
+
+def secret_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{segment(namespace)}/secrets/{segment(name)}"
+
+
+def pool_path(namespace: str, name: str) -> str:
+    return (f"/apis/runlease.dev/v1alpha1/namespaces/{segment(namespace)}/agentrunpools/"
+            f"{segment(name)}")
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
@@ -104,8 +120,8 @@ class Kubernetes:
         """Merge-PATCH the object; POST it when missing (PATCH again if a
         concurrent handler created it first)."""
         meta = manifest["metadata"]
-        collection = PATHS[manifest["kind"]].format(ns=meta["namespace"])
-        item = f"{collection}/{meta['name']}"
+        collection = PATHS[manifest["kind"]].format(ns=segment(meta["namespace"]))
+        item = f"{collection}/{segment(meta['name'])}"
         for attempt in range(3):
             try:
                 result: dict[str, Any] = await self.request("PATCH", item, manifest, MERGE_PATCH)
@@ -123,7 +139,7 @@ class Kubernetes:
 
     async def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         found = await self.request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods",
+            "GET", f"/api/v1/namespaces/{segment(namespace)}/pods",
             params={"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())})
         items = (found or {}).get("items", [])
         # Filter here too: a label selector is a request, not every server honours it.
@@ -132,8 +148,9 @@ class Kubernetes:
                        for k, v in selector.items())]
 
     async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
-        await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}",
+        await self.request("PATCH", f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}",
                            {"metadata": {"annotations": annotations}}, MERGE_PATCH)
 
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self.get(f"{PATHS['Deployment'].format(ns=namespace)}/{name}")
+        return await self.get(f"{PATHS['Deployment'].format(ns=segment(namespace))}/"
+                              f"{segment(name)}")
