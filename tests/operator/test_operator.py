@@ -276,3 +276,25 @@ async def test_a_hostile_name_reaches_nothing_outside_the_namespace(
     assert elsewhere == []
     assert requests_of(kmock, resource="v1/secrets") == []
     assert not requests_of(kmock, method="POST", resource=DEPLOYMENTS)
+
+
+async def test_replicas_follow_work_that_can_start(kmock: Any, kubeconfig: str,
+                                                   db_url: str) -> None:
+    database_secret(kmock, db_url)
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch", concurrencyPerWorker=1,
+                          replicas={"min": 1, "max": 10},
+                          autoscaling={"scaleDownDelaySeconds": 0},
+                          tenants={"overrides": [{"tenant": "capped", "maxInFlight": 2}]})
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
+        await enqueue(db_url, "batch", 1000, tenant="capped")
+        await enqueue(db_url, "batch", 3, tenant="free")
+        await eventually(lambda: pool_status(kmock).get("queue", {}).get("pending") == 1003)
+        # 2 of the capped tenant's 1,000 can start, and the free tenant's 3:
+        # five workers of one slot each, not the ten a raw count asks for.
+        assert pool_status(kmock)["desiredReplicas"] == 5
+        assert stored(kmock, DEPLOYMENTS, "batch-workers")["spec"]["replicas"] == 5
+        await kmock.patch(f"{POOLS_URL}/batch", headers=MERGE, json={
+            "metadata": {"generation": 2}, "spec": {"paused": True}})
+        # A paused pool starts nothing: its backlog asks for no worker.
+        await eventually(lambda: pool_status(kmock).get("desiredReplicas") == 1)

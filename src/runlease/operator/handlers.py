@@ -31,7 +31,7 @@ from runlease.errors import RunleaseError
 from runlease.operator import build
 from runlease.operator import status as st
 from runlease.operator.autoscale import decide, wanted
-from runlease.operator.databases import Databases, SecretMissing
+from runlease.operator.databases import Database, Databases, SecretMissing
 from runlease.operator.k8s import ApiError, Kubernetes, pool_path
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer
@@ -105,9 +105,17 @@ def replicas_of(deployment: dict[str, Any]) -> int:
     return int((deployment.get("spec") or {}).get("replicas") or 0)
 
 
-def depth(stats: QueueStats) -> int:
-    """The runs that want a worker now: ready or leased."""
-    return stats.ready + stats.leased
+def demand(startable: int, stats: QueueStats) -> int:
+    """The runs that want a worker now: those a claim could start (due,
+    within their tenant's cap, none in a paused pool) and those leased."""
+    return startable + stats.leased
+
+
+async def current_demand(db: Database, pool: str, conn: Any = None) -> tuple[int, QueueStats,
+                                                                              int]:
+    stats = await db.store.queue_stats(pool, conn=conn)
+    startable = await db.store.startable_runs(pool, conn=conn)
+    return demand(startable, stats), stats, startable
 
 
 async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
@@ -125,7 +133,7 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
     if existing is not None:
         replicas = replicas_of(existing)
     else:
-        replicas = wanted(spec, depth(await db.store.queue_stats(spec.pool)))
+        replicas = wanted(spec, (await current_demand(db, spec.pool))[0])
     for manifest in build.build_all(spec, body, replicas):
         await memo.k8s.apply(manifest)
     return spec
@@ -186,9 +194,8 @@ async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
     previous = body.get("status") or {}
     # One pooled connection for the pass's queries.
     async with db.store.connection() as conn:
-        stats = await db.store.queue_stats(spec.pool, conn=conn)
+        runs, stats, startable = await current_demand(db, spec.pool, conn)
         expiries = await db.store.lease_expiries(spec.pool, config.lease_window_s, conn=conn)
-        runs = depth(stats)
         low_since = memo.low_since.get(key) or st.parse_time(previous.get("scaleDownSince"))
         decision = decide(spec, current, runs, low_since, now())
         memo.low_since[key] = decision.low_since
@@ -204,7 +211,7 @@ async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
         metrics.SCALE_CHANGES.labels(direction).inc()
         kopf.info(cast(kopf.Body, body), reason=f"Scaled{direction.capitalize()}",
                   message=f"workers {current} -> {decision.replicas} for {runs} runs "
-                          f"(ready {stats.ready}, leased {stats.leased})")
+                          f"(startable {startable}, leased {stats.leased})")
     dep_status = (deployment or {}).get("status") or {}
     observed = st.Observed(
         replicas=int(dep_status.get("replicas") or 0),
