@@ -32,12 +32,13 @@ OWNER = {"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": 
          "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}
 
 
-def pool_status(k: Any, name: str = "batch") -> dict[str, Any]:
-    return dict(stored(k, POOLS, name).get("status") or {})
+def pool_status(k: Any, name: str = "batch", ns: str = NS) -> dict[str, Any]:
+    return dict(stored(k, POOLS, name, ns).get("status") or {})
 
 
-def condition(k: Any, kind: str, name: str = "batch") -> dict[str, Any]:
-    return next(c for c in pool_status(k, name).get("conditions", []) if c["type"] == kind)
+def condition(k: Any, kind: str, name: str = "batch", ns: str = NS) -> dict[str, Any]:
+    return next(c for c in pool_status(k, name, ns).get("conditions", [])
+                if c["type"] == kind)
 
 
 async def enqueue(db_url: str, pool: str, n: int, tenant: str = "acme") -> None:
@@ -298,3 +299,37 @@ async def test_replicas_follow_work_that_can_start(kmock: Any, kubeconfig: str,
             "metadata": {"generation": 2}, "spec": {"paused": True}})
         # A paused pool starts nothing: its backlog asks for no worker.
         await eventually(lambda: pool_status(kmock).get("desiredReplicas") == 1)
+
+
+async def test_pools_of_one_name_in_two_namespaces_are_not_merged(
+    kmock: Any, kubeconfig: str, db_url: str
+) -> None:
+    other = "rl-other"
+    database_secret(kmock, db_url)
+    database_secret(kmock, db_url, ns=other)
+
+    def owner() -> Any:
+        with psycopg.connect(db_url) as conn:
+            return conn.execute("SELECT owner, max_attempts FROM agent_run_pools"
+                                " WHERE name = 'support'").fetchone()
+
+    async with running_operator(kmock, namespaces=f"{NS},{other}"):
+        await create_pool(kmock, "support", maxAttempts=4)
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "support-workers"))
+        assert owner() == (f"{NS}/support", 4)
+        await create_pool(kmock, "support", ns=other, maxAttempts=9)
+        await eventually(lambda: condition(kmock, "Degraded", "support", other)[
+            "reason"] == "PoolTaken")
+        message = condition(kmock, "Degraded", "support", other)["message"]
+        assert f"belongs to AgentRunPool {NS}/support" in message
+        assert "spec.pool" in message
+        # A few passes later: still the first pool's settings, no second set of workers.
+        await asyncio.sleep(1)
+        assert owner() == (f"{NS}/support", 4)
+        assert not [r for r in requests_of(kmock, method="POST", resource=DEPLOYMENTS)
+                    if r.namespace == other]
+        # The first one deleted, the pool is free and the second takes it.
+        await kmock.delete(f"{POOLS_URL}/support")
+        await eventually(lambda: owner() in ((None, 4), (f"{other}/support", 9)))
+        await eventually(lambda: owner() == (f"{other}/support", 9), wait_s=30)
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "support-workers", other))

@@ -28,11 +28,12 @@ from runlease import metrics
 from runlease.db.models import Pool
 from runlease.db.store import QueueStats
 from runlease.errors import RunleaseError
-from runlease.operator import build
+from runlease.operator import build, ownership
 from runlease.operator import status as st
 from runlease.operator.autoscale import decide, wanted
 from runlease.operator.databases import Database, Databases, SecretMissing
 from runlease.operator.k8s import ApiError, Kubernetes, pool_path
+from runlease.operator.ownership import PoolTaken
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer
 from runlease.services.identity import boot_id
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 PLURAL = "agentrunpools"
 TICK_S = 0.5  # the timer's own pace; each pool's pass runs every settings.interval_s
+POOL_TAKEN_RETRY_S = 15  # a refused pool is tried again: its owner may have gone
 TRANSIENT = (ApiError, RunleaseError, aiohttp.ClientError, TimeoutError, SecretMissing)
 
 
@@ -123,6 +125,9 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
     meta = body["metadata"]
     spec = parse(meta["name"], meta["namespace"], body.get("spec") or {})
     db = await memo.dbs.for_pool(memo.k8s, spec)
+    # Another namespace's AgentRunPool of the same pool name must not take
+    # over this pool's queue and settings (ownership.py).
+    await ownership.claim(db.store, spec)
     # The pool row is the one source workers and the reaper read (lease,
     # retention, pause, tool env): the spec writes all of it.
     await db.store.put_pool(Pool(spec.pool, spec.max_attempts, spec.lease_s,
@@ -152,6 +157,12 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: k
         patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status)))
         kopf.warn(body, reason="InvalidSpec", message=str(exc))
         raise kopf.PermanentError(str(exc)) from None
+    except PoolTaken as exc:
+        metrics.RECONCILE_ERRORS.labels(ownership.REASON).inc()
+        patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status),
+                                       reason=ownership.REASON))
+        kopf.warn(body, reason=ownership.REASON, message=str(exc))
+        raise kopf.TemporaryError(str(exc), delay=POOL_TAKEN_RETRY_S) from None
     except TRANSIENT as exc:
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status),
@@ -176,18 +187,29 @@ async def tick(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.M
     except InvalidSpec:
         return  # reconcile reported it; nothing to scale
     try:
-        patch.status.update(await observe_and_scale(dict(body), spec, memo))
+        observed = await observe_and_scale(dict(body), spec, memo)
+    except PoolTaken as exc:
+        # reconcile reported it (with an Event); keep the status saying so.
+        patch.status.update(st.invalid(str(exc), None, now(), dict(body.status),
+                                       reason=ownership.REASON))
+        return
     except TRANSIENT as exc:
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         log.warning("pool_pass_failed name=%s error=%s", spec.name, exc)
         kopf.warn(body, reason="ReconcileError", message=str(exc)[:500])
+        return
+    if observed is not None:
+        patch.status.update(observed)
 
 
 async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
-                            memo: kopf.Memo) -> dict[str, Any]:
+                            memo: kopf.Memo) -> dict[str, Any] | None:
+    """One pass; None when the pool is not (yet) this AgentRunPool's."""
     config: OperatorSettings = memo.config
     k8s: Kubernetes = memo.k8s
     db = await memo.dbs.for_pool(k8s, spec)
+    if not await ownership.check(db.store, spec):
+        return None
     deployment = await k8s.deployment(spec.namespace, build.names(spec)["deployment"])
     current = replicas_of(deployment) if deployment else spec.replicas_min
     key = (spec.namespace, spec.name)
@@ -286,5 +308,21 @@ async def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Mem
         log.warning("deployment_recreated pool=%s namespace=%s", owner, namespace)
         kopf.info(cast(kopf.Body, pool), reason="Recreated",
                   message="the worker Deployment was deleted; recreated")
-    except InvalidSpec:
+    except (InvalidSpec, PoolTaken):
         return
+
+
+@kopf.on.delete(build.GROUP, build.VERSION, PLURAL, optional=True)
+async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The pool's runs and row stay (docs/operator.md); its ownership goes,
+    so an AgentRunPool elsewhere may name the pool. Best effort, without a
+    finalizer: an operator that misses the deletion leaves the owner set."""
+    meta = body.get("metadata") or {}
+    try:
+        spec = parse(meta["name"], meta["namespace"], dict(body.spec))
+        db = await memo.dbs.for_pool(memo.k8s, spec)
+        await ownership.release(db.store, spec)
+    except (InvalidSpec, *TRANSIENT) as exc:
+        log.warning("pool_release_failed name=%s error=%s", meta.get("name"), exc)
+        return
+    log.info("pool_released name=%s namespace=%s pool=%s", spec.name, spec.namespace, spec.pool)
