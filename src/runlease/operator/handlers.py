@@ -14,6 +14,7 @@ the autoscaler, apply what those return, and write status.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -32,6 +33,7 @@ from runlease.operator import build, ownership
 from runlease.operator import status as st
 from runlease.operator.autoscale import decide, wanted
 from runlease.operator.databases import Database, Databases, SecretMissing
+from runlease.operator.health import Health
 from runlease.operator.k8s import ApiError, Kubernetes, pool_path
 from runlease.operator.ownership import PoolTaken
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
@@ -86,9 +88,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo.last_pass = {}
     memo.probes = None
     if config.metrics_port:
+        started: asyncio.Event | None = getattr(memo, "started", None)
+        health = Health(memo.dbs, memo.k8s,
+                        None if config.all_namespaces else config.namespaces[0],
+                        started=lambda: started is None or started.is_set())
         memo.probes = ProbeServer(config.metrics_host, config.metrics_port,
-                                  health=lambda: (True, "ok"),
-                                  ready=lambda: (True, "ok"))
+                                  health=health.live, ready=health.ready)
         await memo.probes.start()
 
 

@@ -151,6 +151,12 @@ class Kubernetes:
         await self.request("PATCH", f"/api/v1/namespaces/{segment(namespace)}/pods/{segment(name)}",
                            {"metadata": {"annotations": annotations}}, MERGE_PATCH)
 
+    async def ping(self, namespace: str | None) -> None:
+        """One cheap call the operator's RBAC allows: list at most one pool."""
+        path = (f"/apis/runlease.dev/v1alpha1/namespaces/{segment(namespace)}/agentrunpools"
+                if namespace else "/apis/runlease.dev/v1alpha1/agentrunpools")
+        await self.request("GET", path, params={"limit": "1"})
+
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.get(f"{PATHS['Deployment'].format(ns=segment(namespace))}/"
                               f"{segment(name)}")
