@@ -231,7 +231,7 @@ def test_queue_gauges_of_a_tenant_that_left_are_removed() -> None:
     from prometheus_client import generate_latest
 
     from runlease.db.store import QueueStats
-    from runlease.operator.handlers import export
+    from runlease.operator.gauges import export
     from runlease.operator.status import Observed
 
     spec = parse("gauges", "ml", FULL | {"pool": "gauges-pool"})
@@ -246,3 +246,27 @@ def test_queue_gauges_of_a_tenant_that_left_are_removed() -> None:
     assert 'tenant="globex"' not in text
     assert 'error_code="fatal",pool="gauges-pool"' not in text
     assert 'runlease_queue_runs{pool="gauges-pool",status="leased",tenant="acme"} 1.0' in text
+
+
+def test_a_pass_decides_on_demand_and_reports_what_it_saw() -> None:
+    from datetime import UTC, datetime
+
+    from runlease.db.store import QueueStats
+    from runlease.operator.pool_pass import Observation, plan, report
+
+    spec = parse("split", "ml", FULL | {"pool": "split-pool", "concurrencyPerWorker": 1,
+                                        "autoscaling": {"targetRunsPerWorker": 1}})
+    deployment = {"spec": {"replicas": 3},
+                  "status": {"replicas": 3, "readyReplicas": 1, "updatedReplicas": 3}}
+    # 1,000 ready, of which a capped tenant may start 2; one run leased.
+    seen = Observation(deployment, 3, QueueStats({"capped": (1000, 1000, 1)}, {}, 5.0),
+                       startable=2, lease_expiries=0)
+    assert seen.demand == 3
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    decision = plan(spec, seen, None, when)
+    assert decision.replicas == 3  # not replicas.max: the backlog cannot start
+    status = report(spec, seen, decision, {}, when)
+    assert (status["replicas"], status["readyReplicas"], status["desiredReplicas"]) == (3, 1, 3)
+    assert status["queue"]["pending"] == 1000
+    assert status["pool"] == "split-pool"
+    assert status["scaleDownSince"] is None

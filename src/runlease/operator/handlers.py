@@ -5,10 +5,10 @@ the autoscaler, apply what those return, and write status.
                                Deployment, Service and PDB applied (patch,
                                never replace); a bad spec is a PermanentError
                                shown in status and as an Event
-    timer                      queue statistics -> replicas (up at once, down
-                               after the delay, pods annotated with their
-                               deletion cost first), drift repaired by
-                               re-applying, status and metrics
+    timer                      one pass (pool_pass.py: observe, decide, act,
+                               report): demand -> replicas, drift repaired,
+                               status and gauges
+    delete (optional)          the pool row's owner released (ownership.py)
     Deployment DELETED         put back at once
 """
 
@@ -27,12 +27,10 @@ import kopf
 
 from runlease import metrics
 from runlease.db.models import Pool
-from runlease.db.store import QueueStats
 from runlease.errors import RunleaseError
-from runlease.operator import build, ownership
+from runlease.operator import build, ownership, pool_pass
 from runlease.operator import status as st
-from runlease.operator.autoscale import decide, wanted
-from runlease.operator.databases import Database, Databases, SecretMissing
+from runlease.operator.databases import Databases, SecretMissing
 from runlease.operator.health import Health
 from runlease.operator.k8s import ApiError, Kubernetes, pool_path
 from runlease.operator.ownership import PoolTaken
@@ -107,24 +105,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.k8s.close()
 
 
-def replicas_of(deployment: dict[str, Any]) -> int:
-    """The replicas a Deployment asks for (its spec, not its status)."""
-    return int((deployment.get("spec") or {}).get("replicas") or 0)
-
-
-def demand(startable: int, stats: QueueStats) -> int:
-    """The runs that want a worker now: those a claim could start (due,
-    within their tenant's cap, none in a paused pool) and those leased."""
-    return startable + stats.leased
-
-
-async def current_demand(db: Database, pool: str, conn: Any = None) -> tuple[int, QueueStats,
-                                                                              int]:
-    stats = await db.store.queue_stats(pool, conn=conn)
-    startable = await db.store.startable_runs(pool, conn=conn)
-    return demand(startable, stats), stats, startable
-
-
 async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
     """Database rows, then manifests. Raises InvalidSpec for a bad spec."""
     meta = body["metadata"]
@@ -139,11 +119,7 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
                                  spec.default_max_in_flight, spec.priority_aging_s,
                                  spec.retention_s, spec.paused, spec.tool_env),
                             spec.tenant_overrides)
-    existing = await memo.k8s.deployment(spec.namespace, build.names(spec)["deployment"])
-    if existing is not None:
-        replicas = replicas_of(existing)
-    else:
-        replicas = wanted(spec, (await current_demand(db, spec.pool))[0])
+    replicas = await pool_pass.first_replicas(spec, memo.k8s, db)
     for manifest in build.build_all(spec, body, replicas):
         await memo.k8s.apply(manifest)
     return spec
@@ -192,7 +168,10 @@ async def tick(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.M
     except InvalidSpec:
         return  # reconcile reported it; nothing to scale
     try:
-        observed = await observe_and_scale(dict(body), spec, memo)
+        db = await memo.dbs.for_pool(memo.k8s, spec)
+        observed = await pool_pass.run(dict(body), spec, memo.k8s, db,
+                                       lease_window_s=config.lease_window_s,
+                                       low_since=memo.low_since)
     except PoolTaken as exc:
         # reconcile reported it (with an Event); keep the status saying so.
         patch.status.update(st.invalid(str(exc), None, now(), dict(body.status),
@@ -205,93 +184,6 @@ async def tick(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.M
         return
     if observed is not None:
         patch.status.update(observed)
-
-
-async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
-                            memo: kopf.Memo) -> dict[str, Any] | None:
-    """One pass; None when the pool is not (yet) this AgentRunPool's."""
-    config: OperatorSettings = memo.config
-    k8s: Kubernetes = memo.k8s
-    db = await memo.dbs.for_pool(k8s, spec)
-    if not await ownership.check(db.store, spec):
-        return None
-    deployment = await k8s.deployment(spec.namespace, build.names(spec)["deployment"])
-    current = replicas_of(deployment) if deployment else spec.replicas_min
-    key = (spec.namespace, spec.name)
-    previous = body.get("status") or {}
-    # One pooled connection for the pass's queries.
-    async with db.store.connection() as conn:
-        runs, stats, startable = await current_demand(db, spec.pool, conn)
-        expiries = await db.store.lease_expiries(spec.pool, config.lease_window_s, conn=conn)
-        low_since = memo.low_since.get(key) or st.parse_time(previous.get("scaleDownSince"))
-        decision = decide(spec, current, runs, low_since, now())
-        memo.low_since[key] = decision.low_since
-        leases = (await db.store.leases_by_holder(spec.pool, conn=conn)
-                  if decision.replicas < current else None)
-    if leases is not None:
-        await set_deletion_costs(spec, leases, k8s)
-    # Applying every pass repairs drift: a hand-edited or deleted object is put back.
-    for manifest in build.build_all(spec, body, decision.replicas):
-        await k8s.apply(manifest)
-    if decision.replicas != current and deployment is not None:
-        direction = "up" if decision.replicas > current else "down"
-        metrics.SCALE_CHANGES.labels(direction).inc()
-        kopf.info(cast(kopf.Body, body), reason=f"Scaled{direction.capitalize()}",
-                  message=f"workers {current} -> {decision.replicas} for {runs} runs "
-                          f"(startable {startable}, leased {stats.leased})")
-    dep_status = (deployment or {}).get("status") or {}
-    observed = st.Observed(
-        replicas=int(dep_status.get("replicas") or 0),
-        ready=int(dep_status.get("readyReplicas") or 0),
-        updated=int(dep_status.get("updatedReplicas") or 0), desired=decision.replicas,
-        queue=stats, lease_expiries=expiries)
-    export(spec, observed)
-    out = st.status(observed, now(), previous)
-    out["scaleDownSince"] = st.format_time(decision.low_since) if decision.low_since else None
-    out["selector"] = build.selector_string(spec)
-    out["pool"] = spec.pool
-    return out
-
-
-async def set_deletion_costs(spec: PoolSpec, leases: dict[str, int], k8s: Kubernetes) -> None:
-    """Before scaling in, tell the ReplicaSet which workers are cheapest to
-    remove: their number of leased runs (`leases`, by locked_by's pod UID,
-    from store.leases_by_holder). Idle workers go first; a busy one drains
-    and releases its runs."""
-    for pod in await k8s.pods(spec.namespace, build.selector(spec)):
-        meta = pod.get("metadata") or {}
-        cost = str(leases.get(meta.get("uid", ""), 0))
-        if (meta.get("annotations") or {}).get(build.DELETION_COST) != cost:
-            await k8s.annotate_pod(spec.namespace, meta["name"], {build.DELETION_COST: cost})
-
-
-# Label sets exported per pool at the last pass: a tenant whose queue emptied,
-# or an error code whose dead runs retention deleted, must go back to zero,
-# not keep its last value.
-_exported: dict[str, tuple[set[tuple[str, str]], set[str]]] = {}
-
-
-def export(spec: PoolSpec, observed: st.Observed) -> None:
-    stats = observed.queue
-    queue_now = {(tenant, state) for tenant in stats.by_tenant
-                 for state in ("pending", "ready", "leased")}
-    dead_now = {code or "" for code in stats.dead_by_code}
-    queue_before, dead_before = _exported.get(spec.pool, (set(), set()))
-    for tenant, state in queue_before - queue_now:
-        metrics.QUEUE_RUNS.remove(spec.pool, tenant, state)
-    for code in dead_before - dead_now:
-        metrics.DEAD_RUNS.remove(spec.pool, code)
-    _exported[spec.pool] = (queue_now, dead_now)
-    for tenant, (pending, ready, leased) in stats.by_tenant.items():
-        for state, value in (("pending", pending), ("ready", ready), ("leased", leased)):
-            metrics.QUEUE_RUNS.labels(spec.pool, tenant, state).set(value)
-    for error_code, n in stats.dead_by_code.items():
-        metrics.DEAD_RUNS.labels(spec.pool, error_code or "").set(n)
-    metrics.OLDEST_PENDING.labels(spec.pool).set(stats.oldest_ready_s)
-    metrics.LEASE_EXPIRIES.labels(spec.pool).set(observed.lease_expiries)
-    metrics.DESIRED_REPLICAS.labels(spec.namespace, spec.pool).set(observed.desired)
-    metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "total").set(observed.replicas)
-    metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "ready").set(observed.ready)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={build.OWNER_LABEL: kopf.PRESENT})
