@@ -3,6 +3,8 @@ manifest is valid Kubernetes (strict, for the oldest version we support)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -10,7 +12,13 @@ import pytest
 
 from runlease.db.models import TenantLimit
 from runlease.operator.autoscale import decide, wanted
-from runlease.operator.build import build_all, build_deployment, build_pdb, build_service
+from runlease.operator.build import (
+    build_all,
+    build_deployment,
+    build_pdb,
+    build_service,
+    serialize,
+)
 from runlease.operator.spec import InvalidSpec, parse
 from tests.operator.hostile import HOSTILE_NAMES
 
@@ -168,6 +176,12 @@ def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str
         ({"toolEnv": [""]}, r"spec\.toolEnv"),
         ({"toolEnv": [f"V{i}" for i in range(65)]}, r"spec\.toolEnv"),
         ({"paused": "yes"}, r"spec\.paused"),
+        # Passed through to the pod, checked against the Kubernetes types.
+        ({"env": [{"name": "A", "valeu": "b"}]}, r"spec\.env\[0\]\.valeu"),
+        ({"env": [{"value": "b"}]}, r"spec\.env\[0\]\.name"),
+        ({"tolerations": [{"key": "a", "effekt": "NoSchedule"}]}, r"spec\.tolerations\[0\]"),
+        ({"affinity": {"nodeAfinity": {}}}, r"spec\.affinity\.nodeAfinity"),
+        ({"resources": {"request": {"cpu": "1"}}}, r"spec\.resources\.request"),
         ({"retentionSeconds": -1}, r"spec\.retentionSeconds"),
     ],
 )
@@ -270,3 +284,16 @@ def test_a_pass_decides_on_demand_and_reports_what_it_saw() -> None:
     assert status["queue"]["pending"] == 1000
     assert status["pool"] == "split-pool"
     assert status["scaleDownSince"] is None
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("label", ["full", "minimal"])
+def test_manifests_are_those_of_the_dict_builders(label: str) -> None:
+    """golden/*.json are the manifests the builders made as plain dicts,
+    before they were built from the kubernetes client's typed models: the
+    typed builders must serialise to exactly these (nothing changes by accident)."""
+    spec = FULL if label == "full" else {k: FULL[k] for k in ("image", "agent", "database")}
+    built = [serialize(m) for m in build_all(parse("batch", "ml", spec), OWNER, replicas=2)]
+    assert built == json.loads((GOLDEN / f"{label}.json").read_text())

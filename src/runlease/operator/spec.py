@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
+from kubernetes import client as k
+from pydantic import BaseModel
+from pydantic import ValidationError as ModelError
+
 from runlease.core import bounds
 from runlease.db.models import DEFAULT_RETENTION_S, TenantLimit
 from runlease.errors import ValidationError
@@ -172,7 +176,31 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         pod_labels=_strings(spec, "podLabels"),
     )
     _check_relations(parsed)
+    _check_models(parsed)
     return parsed
+
+
+def _typed(where: str, model: type[BaseModel], value: object) -> None:
+    try:
+        model.model_validate(value)
+    except ModelError as exc:
+        first = exc.errors()[0]
+        at = ".".join(str(part) for part in first["loc"])
+        raise InvalidSpec(f"{where}{'.' + at if at else ''}: {first['msg']}") from None
+
+
+def _check_models(parsed: PoolSpec) -> None:
+    """What passes through to the worker pod is checked against the
+    Kubernetes types now: a misspelt field is an invalid spec, not a field
+    the API server drops (or a Deployment it refuses) later."""
+    for i, env in enumerate(parsed.env):
+        _typed(f"spec.env[{i}]", k.V1EnvVar, env)
+    for i, toleration in enumerate(parsed.tolerations):
+        _typed(f"spec.tolerations[{i}]", k.V1Toleration, toleration)
+    if parsed.affinity:
+        _typed("spec.affinity", k.V1Affinity, parsed.affinity)
+    if parsed.resources:
+        _typed("spec.resources", k.V1ResourceRequirements, parsed.resources)
 
 
 def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:
