@@ -297,3 +297,23 @@ def test_manifests_are_those_of_the_dict_builders(label: str) -> None:
     spec = FULL if label == "full" else {k: FULL[k] for k in ("image", "agent", "database")}
     built = [serialize(m) for m in build_all(parse("batch", "ml", spec), OWNER, replicas=2)]
     assert built == json.loads((GOLDEN / f"{label}.json").read_text())
+
+
+def test_kopf_logs_in_with_the_clients_configuration(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from runlease.operator.k8s import connection_info, load_configuration
+
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://k8s.example:6443",
+                                               "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "s3cret"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(path))  # after import: read at call time
+    info = connection_info(load_configuration())
+    assert (info.server, info.scheme, info.token, info.insecure) == (
+        "https://k8s.example:6443", "Bearer", "s3cret", True)

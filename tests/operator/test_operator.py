@@ -83,6 +83,22 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
                                   " WHERE pool = 'batch' ORDER BY tenant_id").fetchall()
         assert ("batch", 3, 45, 3, 3600, True, ["GITHUB_TOKEN", "HTTPS_PROXY"]) in pools
         assert limits == [("low", None, -10, 0), ("vip", 10, None, None)]
+        # The operator's own calls all went through the kubernetes client
+        # (kopf's watches and status patches are kopf's).
+        calls = [r for r in list(kmock)
+                 if r.resource in (DEPLOYMENTS, SERVICES, PDBS, "v1/secrets")]
+        kopfs = [r for r in calls if r.headers.get("User-Agent", "").startswith("kopf")]
+        # kopf only watches Deployments (method and resource compare equal to strings).
+        assert all(r.method == "GET" and r.resource == DEPLOYMENTS and r.name is None
+                   for r in kopfs)
+        ours = [r for r in calls if r not in kopfs]
+        assert {r.method for r in ours} == {"GET", "PATCH", "POST"}
+        assert all(r.headers.get("User-Agent", "").startswith("OpenAPI-Generator/")
+                   for r in ours)
+        # Both logged in from the one configuration (the kubeconfig's token).
+        assert {r.headers.get("Authorization") for r in calls} == {"Bearer test-token"}
+        patches = {r.headers.get("Content-Type") for r in ours if r.method == "PATCH"}
+        assert patches == {"application/merge-patch+json"}
 
 
 async def test_spec_updates_reach_the_deployment_and_the_database(

@@ -16,7 +16,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from runlease.db.connect import make_pool
 from runlease.db.store import RunStore
-from runlease.operator.k8s import Kubernetes, secret_path
+from runlease.operator.k8s import Kubernetes
 from runlease.operator.spec import PoolSpec
 from runlease.services.leader import LeaderElector
 from runlease.services.reaper import Reaper
@@ -66,11 +66,11 @@ class Databases:
         return db
 
     async def for_pool(self, k8s: Kubernetes, spec: PoolSpec) -> Database:
-        secret = await k8s.get(secret_path(spec.namespace, spec.database_secret))
-        if secret is None:
+        data = await k8s.secret_data(spec.namespace, spec.database_secret)
+        if data is None:
             raise SecretMissing(f"spec.database.secretKeyRef: no Secret "
                                 f"{spec.database_secret!r} in {spec.namespace}")
-        encoded = (secret.get("data") or {}).get(spec.database_key)
+        encoded = data.get(spec.database_key)
         if not encoded:
             raise SecretMissing(f"spec.database.secretKeyRef: Secret {spec.database_secret!r} "
                                 f"has no key {spec.database_key!r}")

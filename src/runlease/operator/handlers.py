@@ -22,8 +22,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import aiohttp
 import kopf
+from kubernetes.config import ConfigException
 
 from runlease import metrics
 from runlease.db.models import Pool
@@ -32,7 +32,7 @@ from runlease.operator import build, ownership, pool_pass
 from runlease.operator import status as st
 from runlease.operator.databases import Databases, SecretMissing
 from runlease.operator.health import Health
-from runlease.operator.k8s import ApiError, Kubernetes, pool_path
+from runlease.operator.k8s import ApiError, Kubernetes, connection_info, load_configuration
 from runlease.operator.ownership import PoolTaken
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer
@@ -44,25 +44,26 @@ log = logging.getLogger(__name__)
 PLURAL = "agentrunpools"
 TICK_S = 0.5  # the timer's own pace; each pool's pass runs every settings.interval_s
 POOL_TAKEN_RETRY_S = 15  # a refused pool is tried again: its owner may have gone
-TRANSIENT = (ApiError, RunleaseError, aiohttp.ClientError, TimeoutError, SecretMissing)
+TRANSIENT = (ApiError, RunleaseError, TimeoutError, SecretMissing)
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def credentials(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo | None:
-    # KUBECONFIG is read now, not at import time (as kubernetes.config does).
-    info: kopf.ConnectionInfo | None = (
-        kopf.login_with_service_account(settings=settings, logger=logger)
-        or kopf.login_with_kubeconfig(settings=settings, logger=logger))
-    return info
+def credentials() -> kopf.ConnectionInfo | None:
+    """kopf's credentials: the kubernetes client's configuration (in-cluster,
+    else KUBECONFIG, read now), so kopf and the client log in alike."""
+    try:
+        return connection_info(load_configuration())
+    except (ConfigException, OSError) as exc:
+        log.warning("kubernetes_credentials_missing error=%s", exc)
+        return None
 
 
 @kopf.on.login()
-def login(settings: kopf.OperatorSettings, logger: Any,
-          **_: Any) -> kopf.ConnectionInfo | None:
-    return credentials(settings, logger)
+def login(**_: Any) -> kopf.ConnectionInfo | None:
+    return credentials()
 
 
 @kopf.on.startup()
@@ -75,10 +76,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         prefix="runlease.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="runlease.dev", key="last-handled-configuration")
-    info = credentials(settings, logger)
-    if info is None:
-        raise kopf.PermanentError("no Kubernetes credentials (service account or KUBECONFIG)")
-    memo.k8s = Kubernetes(info)
+    try:
+        memo.k8s = Kubernetes(load_configuration())
+    except (ConfigException, OSError) as exc:
+        raise kopf.PermanentError(f"no Kubernetes credentials (service account or "
+                                  f"KUBECONFIG): {exc}") from exc
     who = os.environ.get("POD_NAME") or socket.gethostname()
     memo.dbs = Databases(config, f"operator-{who}:{boot_id()}:{os.getpid()}")
     await memo.dbs.start()
@@ -120,8 +122,8 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
                                  spec.retention_s, spec.paused, spec.tool_env),
                             spec.tenant_overrides)
     replicas = await pool_pass.first_replicas(spec, memo.k8s, db)
-    for manifest in build.build_all(spec, body, replicas):
-        await memo.k8s.apply(manifest)
+    for obj in build.objects(spec, body, replicas):
+        await memo.k8s.apply(obj)
     return spec
 
 
@@ -197,7 +199,7 @@ async def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Mem
     namespace = meta.get("namespace")
     if not isinstance(owner, str) or not isinstance(namespace, str):
         return
-    pool = await memo.k8s.get(pool_path(namespace, owner))
+    pool = await memo.k8s.pool(namespace, owner)
     if pool is None or (pool.get("metadata") or {}).get("deletionTimestamp"):
         return  # the pool is gone: the Deployment went with it
     try:

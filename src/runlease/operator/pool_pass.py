@@ -88,8 +88,8 @@ async def act(spec: PoolSpec, body: dict[str, Any], seen: Observation, decision:
     if decision.replicas < seen.current:
         await set_deletion_costs(spec, await db.store.leases_by_holder(spec.pool), k8s)
     # Applying every pass repairs drift: a hand-edited or deleted object is put back.
-    for manifest in build.build_all(spec, body, decision.replicas):
-        await k8s.apply(manifest)
+    for obj in build.objects(spec, body, decision.replicas):
+        await k8s.apply(obj)
     if decision.replicas != seen.current and seen.deployment is not None:
         direction = "up" if decision.replicas > seen.current else "down"
         metrics.SCALE_CHANGES.labels(direction).inc()
