@@ -317,3 +317,25 @@ def test_kopf_logs_in_with_the_clients_configuration(tmp_path: Path,
     info = connection_info(load_configuration())
     assert (info.server, info.scheme, info.token, info.insecure) == (
         "https://k8s.example:6443", "Bearer", "s3cret", True)
+
+
+def test_scheduling_and_env_sources_reach_the_pod() -> None:
+    extra = {
+        "priorityClassName": "agents-high",
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"team": "ml"}}}],
+        "envFrom": [{"configMapRef": {"name": "agent-config"}},
+                    {"secretRef": {"name": "agent-keys"}, "prefix": "AGENT_"}],
+    }
+    deployment = build_deployment(parse("batch", "ml", FULL | extra), OWNER, replicas=1)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "agents-high"
+    assert pod["topologySpreadConstraints"] == extra["topologySpreadConstraints"]
+    assert pod["containers"][0]["envFrom"] == extra["envFrom"]
+    for version in (OLDEST_KUBERNETES, "1.34"):
+        assert kubernetes_validate.validate(deployment, version, strict=True)
+    with pytest.raises(InvalidSpec, match=r"spec\.envFrom\[0\]\.configMapRf"):
+        parse("batch", "ml", FULL | {"envFrom": [{"configMapRf": {"name": "x"}}]})
+    with pytest.raises(InvalidSpec, match=r"spec\.priorityClassName must"):
+        parse("batch", "ml", FULL | {"priorityClassName": "../x"})

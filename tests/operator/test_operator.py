@@ -73,6 +73,9 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
         assert status["queue"] == {"pending": 0, "leased": 0, "dead": 0,
                                    "oldestPendingSeconds": 0.0}
         assert condition(kmock, "Degraded")["status"] == "False"
+        assert {c["observedGeneration"] for c in status["conditions"]} == {1}
+        assert {c["type"] for c in status["conditions"]} == {
+            "Ready", "Progressing", "Degraded", "LeasesHealthy", "Paused"}
         # The pool's row and tenant limits reached the database.
         with psycopg.connect(db_url) as conn:
             pools = conn.execute("SELECT name, max_attempts, lease_s, default_max_in_flight,"
@@ -250,6 +253,10 @@ async def test_a_missing_secret_is_retried_until_it_exists(kmock: Any, kubeconfi
         await create_pool(kmock, "batch")
         await eventually(lambda: condition(kmock, "Degraded")["reason"] == "SecretMissing")
         assert "no Secret 'db'" in condition(kmock, "Degraded")["message"]
+        await eventually(lambda: any(
+            isinstance(r.data, dict) and r.data.get("reason") == "SecretMissing"
+            and r.data.get("type") == "Warning"
+            for r in requests_of(kmock, method="POST", resource="v1/events")))
         database_secret(kmock, db_url)  # applied after the pool, as kubectl apply -f dir/ may
         await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"), wait_s=20)
 
@@ -313,8 +320,12 @@ async def test_replicas_follow_work_that_can_start(kmock: Any, kubeconfig: str,
         assert stored(kmock, DEPLOYMENTS, "batch-workers")["spec"]["replicas"] == 5
         await kmock.patch(f"{POOLS_URL}/batch", headers=MERGE, json={
             "metadata": {"generation": 2}, "spec": {"paused": True}})
+        assert condition(kmock, "Paused")["status"] == "False"
         # A paused pool starts nothing: its backlog asks for no worker.
         await eventually(lambda: pool_status(kmock).get("desiredReplicas") == 1)
+        await eventually(lambda: condition(kmock, "Paused")["observedGeneration"] == 2)
+        paused = condition(kmock, "Paused")
+        assert (paused["status"], paused["reason"]) == ("True", "SpecPaused")
 
 
 async def test_pools_of_one_name_in_two_namespaces_are_not_merged(

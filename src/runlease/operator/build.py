@@ -135,6 +135,7 @@ def deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> k.V1Depl
                        k.V1VolumeMount(name="work", mount_path=WORK_DIR)],
         resources=(k.V1ResourceRequirements.model_validate(spec.resources)
                    if spec.resources else None),
+        env_from=[k.V1EnvFromSource.model_validate(e) for e in spec.env_from] or None,
     )
     pod = k.V1PodSpec(
         containers=[container],
@@ -155,6 +156,10 @@ def deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> k.V1Depl
         affinity=k.V1Affinity.model_validate(spec.affinity) if spec.affinity else None,
         image_pull_secrets=[k.V1LocalObjectReference(name=name)
                             for name in spec.image_pull_secrets] or None,
+        priority_class_name=spec.priority_class_name,
+        topology_spread_constraints=[
+            k.V1TopologySpreadConstraint.model_validate(c)
+            for c in spec.topology_spread_constraints] or None,
     )
     return k.V1Deployment(
         api_version="apps/v1",

@@ -150,6 +150,9 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: k
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status),
                                        reason=type(exc).__name__))
+        # A database or API error, as an Event too (the API server folds
+        # repeats of one message into a count).
+        kopf.warn(body, reason=type(exc).__name__, message=str(exc)[:500])
         raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=5) from exc
     patch.status["observedGeneration"] = generation
     patch.status["selector"] = build.selector_string(spec)
@@ -177,6 +180,7 @@ async def tick(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.M
     except PoolTaken as exc:
         # reconcile reported it (with an Event); keep the status saying so.
         patch.status.update(st.invalid(str(exc), None, now(), dict(body.status),
+                                       condition_generation=meta.get("generation"),
                                        reason=ownership.REASON))
         return
     except TRANSIENT as exc:

@@ -112,14 +112,15 @@ async def set_deletion_costs(spec: PoolSpec, leases: dict[str, int], k8s: Kubern
 
 
 def report(spec: PoolSpec, seen: Observation, decision: Decision, previous: dict[str, Any],
-           when: datetime) -> dict[str, Any]:
+           when: datetime, generation: int | None = None) -> dict[str, Any]:
     """The status to write; exports the gauges as a side effect."""
     dep_status = (seen.deployment or {}).get("status") or {}
     observed = st.Observed(
         replicas=int(dep_status.get("replicas") or 0),
         ready=int(dep_status.get("readyReplicas") or 0),
         updated=int(dep_status.get("updatedReplicas") or 0), desired=decision.replicas,
-        queue=seen.stats, lease_expiries=seen.lease_expiries)
+        queue=seen.stats, lease_expiries=seen.lease_expiries, paused=spec.paused,
+        generation=generation)
     gauges.export(spec, observed)
     out = st.status(observed, when, previous)
     out["scaleDownSince"] = st.format_time(decision.low_since) if decision.low_since else None
@@ -144,4 +145,5 @@ async def run(body: dict[str, Any], spec: PoolSpec, k8s: Kubernetes, db: Databas
                     or st.parse_time(previous.get("scaleDownSince")), when)
     low_since[key] = decision.low_since
     await act(spec, body, seen, decision, k8s, db)
-    return report(spec, seen, decision, previous, when)
+    return report(spec, seen, decision, previous, when,
+                  (body.get("metadata") or {}).get("generation"))

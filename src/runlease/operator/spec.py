@@ -68,6 +68,9 @@ class PoolSpec:
     affinity: dict[str, Any] = field(default_factory=dict)
     service_account_name: str | None = None
     image_pull_secrets: tuple[str, ...] = ()
+    priority_class_name: str | None = None
+    topology_spread_constraints: list[dict[str, Any]] = field(default_factory=list)
+    env_from: list[dict[str, Any]] = field(default_factory=list)
     pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_labels: dict[str, str] = field(default_factory=dict)
 
@@ -172,6 +175,9 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         affinity=_mapping(spec, "affinity"),
         service_account_name=_optional_name(spec, "serviceAccountName"),
         image_pull_secrets=_pull_secrets(spec),
+        priority_class_name=_optional_name(spec, "priorityClassName"),
+        topology_spread_constraints=_list(spec, "topologySpreadConstraints"),
+        env_from=_list(spec, "envFrom"),
         pod_annotations=_strings(spec, "podAnnotations"),
         pod_labels=_strings(spec, "podLabels"),
     )
@@ -195,6 +201,11 @@ def _check_models(parsed: PoolSpec) -> None:
     the API server drops (or a Deployment it refuses) later."""
     for i, env in enumerate(parsed.env):
         _typed(f"spec.env[{i}]", k.V1EnvVar, env)
+    for i, source in enumerate(parsed.env_from):
+        _typed(f"spec.envFrom[{i}]", k.V1EnvFromSource, source)
+    for i, constraint in enumerate(parsed.topology_spread_constraints):
+        _typed(f"spec.topologySpreadConstraints[{i}]", k.V1TopologySpreadConstraint,
+               constraint)
     for i, toleration in enumerate(parsed.tolerations):
         _typed(f"spec.tolerations[{i}]", k.V1Toleration, toleration)
     if parsed.affinity:
