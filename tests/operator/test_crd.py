@@ -58,7 +58,7 @@ def test_the_crd_declares_what_the_operator_needs() -> None:
     assert CRD["spec"]["scope"] == "Namespaced"
     assert set(version["subresources"]) == {"status", "scale"}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready", "Replicas", "Pending", "Leased", "Dead", "Age"]
+        "Ready", "Replicas", "Queued", "Running", "Dead", "Age"]
     jsonschema.Draft7Validator.check_schema(SCHEMA)
 
 
@@ -152,3 +152,29 @@ def test_the_crd_refuses_secret_keys_that_are_paths(key: str) -> None:
             validate(body)
     with pytest.raises(ValueError, match=r"secretKeyRef\.key"):
         parse("p", "ns", body["spec"])
+
+
+def test_kubectl_explain_has_a_description_for_every_field() -> None:
+    root = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    missing: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for name, sub in (node.get("properties") or {}).items():
+            if not sub.get("description"):
+                missing.append(f"{path}.{name}")
+            walk(sub, f"{path}.{name}")
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(root["spec"], "spec")
+    walk(root["status"], "status")
+    assert missing == []
+
+
+def test_kubectl_scale_sets_the_floor_as_the_docs_say() -> None:
+    scale = CRD["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale == {"specReplicasPath": ".spec.replicas.min",
+                     "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}
+    docs = " ".join((ROOT / "docs" / "operator.md").read_text().split())
+    assert "`kubectl scale arp/NAME --replicas=N` sets `replicas.min`" in docs
