@@ -101,6 +101,8 @@ def is_secret_key(key: str) -> bool:
 
 def _scheme_word(m: re.Match[str]) -> str:
     word, value = m.group(1), m.group(2)
+    if re.search(r"=[^=]", value):
+        return m.group(0)  # `basic max_tokens=10`: a pair, not base64 (padded at the end)
     # `Bearer x` is always a credential; after `basic` or `token` prose is
     # common ("a basic understanding"), so the value must look like one:
     # a digit, a symbol, or an upper-case letter past the first.
