@@ -91,6 +91,20 @@ def _cookie(draw: st.DrawFn, b: str) -> tuple[str, list[str]]:
     return f"{header}: sid={b}; theme=dark; csrf={b2}", [b, b2]
 
 
+def _escaped(draw: st.DrawFn, b: str) -> tuple[str, list[str]]:
+    b2 = draw(body())
+    key = draw(st.sampled_from(["password", "cookie", "Authorization", "token"]))
+    return f'{{\\"{key}\\": \\"{b} {b2}\\", \\"n\\": 1}}', [b, b2]
+
+
+def _quoted_header(draw: st.DrawFn, b: str) -> tuple[str, list[str]]:
+    b2 = draw(body())
+    form = draw(st.sampled_from(['{{"cookie": "sid={b}; x={b2}", "n": 1}}',
+                                 'Cookie: "x" sid={b} and={b2}',
+                                 "headers: {{'Authorization': 'Basic {b} {b2}'}}"]))
+    return form.format(b=b, b2=b2), [b, b2]
+
+
 def _jwt(draw: st.DrawFn, b: str) -> tuple[str, list[str]]:
     b2, b3 = draw(body()), draw(body())
     return f"eyJ{b}.eyJ{b2}.{b3}", [b, b2, b3]
@@ -109,7 +123,7 @@ KINDS: dict[str, Callable[[st.DrawFn, str], tuple[str, list[str]]]] = {
     "openai": lambda draw, b: (f"sk-proj-{b}", [b]), "github": _github, "aws": _aws,
     "url": _url, "digits_url": _digits_url, "kv": _kv, "json": _json, "quoted": _quoted,
     "cookie": _cookie, "flag": lambda draw, b: (f"psql --password {b}", [b]), "jwt": _jwt,
-    "pem": _pem,
+    "pem": _pem, "escaped": _escaped, "quoted_header": _quoted_header,
 }
 
 

@@ -145,3 +145,12 @@ def test_redaction_is_idempotent(text: str) -> None:
 
 def test_url_password_runs_to_the_last_at() -> None:
     assert Redactor().text("redis://:p@ss@cache:6379/0 up") == f"redis://:{MASK}@cache:6379/0 up"
+
+
+def test_escaped_json_and_quoted_headers() -> None:
+    r = Redactor()
+    assert r.text(r'{\"password\": \"hunter2 x\", \"a\": 1}') == (
+        rf'{{\"password\": \"{MASK}\", \"a\": 1}}')
+    assert r.text('{"cookie": "a=1; b=2", "n": 1}') == f'{{"cookie": "{MASK}", "n": 1}}'
+    # A quoted header value that does not end the line does not end the header.
+    assert r.text('Cookie: "x" sid=abc123') == f"Cookie: {MASK}"

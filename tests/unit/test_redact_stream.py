@@ -114,3 +114,10 @@ def test_a_long_key_block_is_dropped_to_its_end() -> None:
         out += hold.feed("MIIEabcdefgh1234 ijkl\n")
     out += hold.feed("-----END PRIVATE KEY-----\nbye ")
     assert out == MASK + "\nbye "
+
+
+def test_a_header_whose_quoted_value_closed_does_not_hold_the_line() -> None:
+    hold = StreamHoldback(R)
+    out = hold.feed('{"cookie": "a=1; b=2", "note": "more words')
+    assert out == '{"cookie": "a=1; b=2", "note": "more '
+    assert R.text(out) == f'{{"cookie": "{MASK}", "note": "more '

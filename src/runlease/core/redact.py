@@ -51,7 +51,8 @@ _SEP = r"""\\?["']?[ \t]*(?::=|=>|[:=])[ \t]*"""
 # A key: a run of key characters, starting where such a run starts (the
 # look-behind keeps the regex from retrying at every character of a long word).
 _KEY = r"(?<![\w.-])[\w.-]{1,128}"
-_QUOTED = r""""(?:[^"\\\r\n]|\\.)*"|'(?:[^'\\\r\n]|\\.)*'"""
+# A quoted value: "...", '...', or \"...\" (JSON inside a JSON string).
+_QUOTED = (r"""\\"(?:[^\\\r\n]|\\[^"\r\n])*\\"|"(?:[^"\\\r\n]|\\.)*"|'(?:[^'\\\r\n]|\\.)*'""")
 _BARE = r"""[^\s"',;&}\\]+(?:\\(?!["'])[^\s"',;&}\\]*)*"""
 
 _PEM_RE = re.compile(
@@ -60,8 +61,8 @@ _PEM_RE = re.compile(
     re.DOTALL,
 )
 _HEADER_RE = re.compile(
-    rf"(?i)(?<![\w.-])((?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})[\"']?[ \t]*[:=][ \t]*)"
-    rf"(?:\"(?:[^\"\\\r\n]|\\.)*\"|'(?:[^'\\\r\n]|\\.)*'|[^\r\n]+)"
+    rf"(?i)(?<![\w.-])((?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})\\?[\"']?[ \t]*[:=][ \t]*)"
+    rf"((?:{_QUOTED})(?=[ \t]*(?:[,;}}\]\r\n]|\Z))|[^\r\n]+)"
 )
 _SCHEME_WORD_RE = re.compile(
     r"(?i)(?<![\w-])(bearer|basic|token)[ \t]+([A-Za-z0-9._~+/=-]{8,})"
@@ -101,14 +102,17 @@ def is_secret_key(key: str) -> bool:
 
 def _scheme_word(m: re.Match[str]) -> str:
     word, value = m.group(1), m.group(2)
-    if re.search(r"=[^=]", value):
-        return m.group(0)  # `basic max_tokens=10`: a pair, not base64 (padded at the end)
+    if re.search(r"=[^=]", value) or re.match(r"[\"']?[ \t]*:", m.string[m.end():]):
+        return m.group(0)  # `basic max_tokens=10`, `basic note: x`: a key, not base64
     # `Bearer x` is always a credential; after `basic` or `token` prose is
     # common ("a basic understanding"), so the value must look like one:
     # a digit, a symbol, or an upper-case letter past the first.
     if word.lower() == "bearer" or re.search(r"[0-9._~+/=-]|.[A-Z]", value):
         return f"{word} {MASK}"
     return m.group(0)
+
+
+_QUOTE_RE = re.compile(r"""\\?["']""")
 
 
 def _kv_sub(text: str) -> str:
@@ -124,8 +128,9 @@ def _kv_sub(text: str) -> str:
             pos = m.end()
             continue
         v = value.group(0)
-        quote = v[0] if v[:1] in "\"'" else ""
-        closed = quote and len(v) >= 2 and v.endswith(quote)
+        q = _QUOTE_RE.match(v)
+        quote = q.group(0) if q else ""
+        closed = quote and len(v) >= 2 * len(quote) and v.endswith(quote)
         out.append(f"{text[pos:m.end()]}{quote}{MASK}{quote if closed else ''}")
         pos = value.end()
     out.append(text[pos:])
@@ -140,7 +145,9 @@ def _flag(m: re.Match[str]) -> str:
 
 
 def _header(m: re.Match[str]) -> str:
-    return m.group(1) + MASK
+    quote = _QUOTE_RE.match(m.group(2))
+    q = quote.group(0) if quote and m.group(2).endswith(quote.group(0)) else ""
+    return f"{m.group(1)}{q}{MASK}{q}"
 
 
 class Redactor:
@@ -201,10 +208,11 @@ _PEM_OPEN_RE = re.compile(
     re.DOTALL,
 )
 _HEADER_OPEN_RE = re.compile(
-    rf"(?i)(?<![\w.-])(?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})[\"']?[ \t]*[:=]"
+    rf"(?i)(?<![\w.-])(?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})\\?[\"']?[ \t]*[:=]"
 )
-_QUOTE_OPEN_RE = re.compile(rf"({_KEY})(?:{_SEP})([\"'])")
+_QUOTE_OPEN_RE = re.compile(rf"({_KEY})(?:{_SEP})(\\?[\"'])")
 _QUOTED_RE = re.compile(_QUOTED)
+_HEADER_CLOSED_RE = re.compile(rf"[ \t]*(?:{_QUOTED})[ \t]*[,;}}\]\r\n]")
 _LAST_WORD_RE = re.compile(rf"({_KEY})(?:{_SEP})?[ \t]*\Z")
 _INTRODUCERS = ("bearer", "basic", "token", "-u", "--user")
 
@@ -221,9 +229,12 @@ def open_from(text: str) -> int | None:
     if pem >= 0 and _PEM_OPEN_RE.match(text, pem):
         starts.append(pem)
     line = max(text.rfind("\n"), text.rfind("\r")) + 1
-    header = _HEADER_OPEN_RE.search(text, line)
-    if header is not None:
-        starts.append(header.start())
+    for header in _HEADER_OPEN_RE.finditer(text, line):
+        # Only a quoted value followed by what ends it (`,`, `}`...) ends the
+        # header before the line does; more text may yet follow a bare quote.
+        if not _HEADER_CLOSED_RE.match(text, header.end()):
+            starts.append(header.start())
+            break
     for m in _QUOTE_OPEN_RE.finditer(text, line):
         if is_secret_key(m.group(1)) and not _QUOTED_RE.match(text, m.start(2)):
             starts.append(m.start())
@@ -271,9 +282,15 @@ class StreamHoldback:
             out, self.held = self.held[:cut], self.held[cut:]
             return out
         if len(self.held) > self.max_chars:
-            self._dropped, self.held = self.held[:512], ""
+            start = open_from(self.held) or 0
+            self._dropped, self.held = self.held[start:start + 512], ""
             return MASK
         return ""
+
+    @property
+    def holding(self) -> bool:
+        """Text is held, or a masked region is being dropped."""
+        return bool(self.held) or self._dropped is not None
 
     def end(self) -> str:
         if self._dropped is not None:

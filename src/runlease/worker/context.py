@@ -165,7 +165,7 @@ class RunContext:
         end of the message (a delta of another kind, any other write, the
         end of the run)."""
         self._raise_flush_error()
-        if kind != self._delta_kind and (self._deltas or self._hold.held):
+        if kind != self._delta_kind and (self._deltas or self._hold.holding):
             await self.flush()
         self._delta_kind = kind
         self._deltas.append(text)
