@@ -127,6 +127,10 @@ def test_json_keys_that_say_secret_lose_their_value(key: str) -> None:
 
 
 def test_json_counts_and_objects() -> None:
+    usage = {"prompt_tokens": 10, "max_tokens": 1000, "tokens_used": 12, "maxTokens": 3,
+             "completion_tokens_details": {"reasoning_tokens": 2}, "token_type": "bearer"}
+    assert Redactor().json({"usage": usage, "tokenSecret": "x"}) == {"usage": usage,
+                                                                    "tokenSecret": MASK}
     data = {"usage": {"prompt_tokens": 10, "max_tokens": 1000, "total_tokens": 12},
             "tokens": ["Hel", "lo"], "credentials": {"user": "bob", "pass": "x"},
             "password": None, "use_token": True}

@@ -39,10 +39,13 @@ _SECRET_WORDS = (
     r"|(?<![a-z])(?:auth|sig)(?![a-z])|(?<=[_-])pwd(?![a-z])"
 )
 _SECRET_KEY_RE = re.compile(f"(?i)(?:{_SECRET_WORDS})")
-# Keys that count, describe or index model tokens: their values are not secrets.
+# Keys that count, describe or index model tokens (`max_tokens`, `tokens_used`,
+# `completion_tokens_details`, `token_type`): their values are not secrets.
+# `tokens` is matched with its case so that `tokenSecret` is not taken for it.
 _BENIGN_KEY_RE = re.compile(
-    r"(?i)(?:tokens|max[_-]?\w*tokens?|token[_-]?(?:count|limit|len|length|type|ids?|usage"
-    r"|budget|index|position|logprobs?)s?|secret[_-]?(?:name|ref))$"
+    r"(?:[tT]okens|TOKENS)(?![a-z])"
+    r"|(?i:max[_-]?token|token[_-]?(?:count|limit|len|length|type|ids?|usage|budget|index"
+    r"|position|logprobs?)(?![a-z])|secret[_-]?(?:name|ref)(?![a-z]))"
 )
 # HTTP headers whose whole value is a credential, spaces and `;` included.
 _LINE_KEYS = r"(?:proxy-)?authorization|(?:set-)?cookies?"
