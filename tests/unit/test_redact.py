@@ -81,6 +81,9 @@ GAPS = [
     # A key that does not say secret does not hide the pair after it.
     ("note: password=hunter2x", "hunter2x"),
     ("bearer password: hunter2x", "hunter2x"),
+    # Found by fuzzing odd neighbours.
+    ("Bearer abcdef123456 : next", "abcdef123456"),
+    ("id=AKIAIOSFODNN7EXAMPLEabc", "IOSFODNN7EXAMPLE"),
     # CLI flags.
     ("mysql --password hunter2x -h db", "hunter2x"),
     ("curl -u admin:hunter2x https://x", "hunter2x"),

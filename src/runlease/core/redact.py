@@ -84,7 +84,7 @@ _KNOWN_RE = re.compile(
     r"|\bglpat-[A-Za-z0-9_-]{20,}"                  # GitLab
     r"|\bhf_[A-Za-z0-9]{30,}"                       # Hugging Face
     r"|\bnpm_[A-Za-z0-9]{36}\b"
-    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"               # AWS access key id
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"      # AWS access key id
     r"|\bxox[abprse]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}"  # Slack
     r"|\bAIza[0-9A-Za-z_-]{35}\b"                   # Google
     r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT
@@ -105,7 +105,8 @@ def is_secret_key(key: str) -> bool:
 
 def _scheme_word(m: re.Match[str]) -> str:
     word, value = m.group(1), m.group(2)
-    if re.search(r"=[^=]", value) or re.match(r"[\"']?[ \t]*:", m.string[m.end():]):
+    if word.lower() != "bearer" and (
+            re.search(r"=[^=]", value) or re.match(r"[\"']?[ \t]*:", m.string[m.end():])):
         return m.group(0)  # `basic max_tokens=10`, `basic note: x`: a key, not base64
     # `Bearer x` is always a credential; after `basic` or `token` prose is
     # common ("a basic understanding"), so the value must look like one:
