@@ -170,3 +170,20 @@ def leaked(stored: str, bodies: list[str]) -> list[str]:
     """Pieces of any body (6 characters with a digit among them) found in stored."""
     return [b[i:i + 6] for b in bodies for i in range(len(b) - 5)
             if any(c.isdigit() for c in b[i:i + 6]) and b[i:i + 6] in stored]
+
+
+JUNK = st.text(alphabet="abcxyzABC :=\"'\n\t-{}.,;\\/@&#*[]()<>", max_size=30)
+
+
+@st.composite
+def odd_message(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """Secrets among punctuation, quotes and brackets: the neighbours that
+    decide where a key, a quoted value or a header line ends."""
+    text = draw(JUNK)
+    bodies: list[str] = []
+    for _ in range(draw(st.integers(1, 3))):
+        secret, parts = draw(planted())
+        text += (draw(st.sampled_from([" ", "\n", "\t"])) + secret
+                 + draw(st.sampled_from([" ", "\n", "", '"', ","])) + draw(JUNK))
+        bodies += parts
+    return text, bodies
