@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
 from runlease.db.models import TenantLimit
 from runlease.operator import names
+from runlease.operator.build import build_all
 from runlease.operator.spec import parse
 from tests.operator.hostile import HOSTILE_NAMES
 
@@ -178,3 +180,20 @@ def test_kubectl_scale_sets_the_floor_as_the_docs_say() -> None:
                      "labelSelectorPath": ".status.selector"}
     docs = " ".join((ROOT / "docs" / "operator.md").read_text().split())
     assert "`kubectl scale arp/NAME --replicas=N` sets `replicas.min`" in docs
+
+
+def docs_pools() -> list[dict[str, Any]]:
+    text = (ROOT / "docs" / "operator.md").read_text()
+    blocks = [yaml.safe_load(b.split("```", 1)[0]) for b in text.split("```yaml\n")[1:]]
+    return [b for b in blocks if isinstance(b, dict) and b.get("kind") == "AgentRunPool"]
+
+
+def test_each_example_pool_in_the_docs_is_valid() -> None:
+    pools = docs_pools()
+    assert len(pools) >= 7
+    owner = {"metadata": {"name": "p", "uid": "uid-p"}}
+    for body in pools:
+        validate(body)
+        spec = parse(body["metadata"]["name"], body["metadata"]["namespace"], body["spec"])
+        for manifest in build_all(spec, owner, replicas=1):
+            assert kubernetes_validate.validate(manifest, "1.31", strict=True)
