@@ -15,6 +15,7 @@ from tests.operator.conftest import (
     create_pool,
     database_secret,
     eventually,
+    requests_of,
     running_operator,
     stored,
 )
@@ -61,6 +62,12 @@ async def test_readiness_falls_with_a_pool_database_and_comes_back(
             assert text.startswith("database unreachable: 127.0.0.1:")
             assert "postgres@" not in text  # the place, never the URL
             assert (await probe("/healthz"))[0] == 200  # alive: only not ready
+            # The database error is an Event on the pool too.
+            await eventually(lambda: any(
+                isinstance(r.data, dict) and r.data.get("type") == "Warning"
+                and r.data.get("reason") == "ReconcileError"
+                and "batch" in str(r.data.get("involvedObject"))
+                for r in requests_of(kmock, method="POST", resource="v1/events")), wait_s=20)
 
             await asyncio.to_thread(pg.start)
             for _ in range(200):
