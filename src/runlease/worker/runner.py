@@ -22,12 +22,12 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runlease import metrics
+from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import RETRY_AFTER_MAX_S, ResultRefused
 from runlease.core.states import ErrorCode, RunStatus
 from runlease.db.models import Lease
@@ -69,8 +69,12 @@ class RunHandle:
         kill_grace_s: float,
         previous: RunHandle | None = None,
         tool_grant: frozenset[str] = frozenset(),
+        clock: Clock | None = None,
     ) -> None:
         self.lease = lease
+        # The worker's monotonic clock, which alone judges the fence (a
+        # ManualClock in tests, so the fence is driven without sleeping).
+        self.clock: Clock = clock or SystemClock()
         self.claimed_at = claimed_at
         # Self-fencing: stop before the lease could expire. The claim (or the
         # renewal) was sent at `sent`; the database set locked_until after that.
@@ -122,8 +126,9 @@ class RunHandle:
         attempt is self-fenced here, whoever noticed first)."""
         if not self.writes_allowed:
             return False
-        if time.monotonic() >= self.fence_at:
-            self.self_fence(time.monotonic())
+        now = self.clock.monotonic()
+        if now >= self.fence_at:
+            self.self_fence(now)
             return False
         return True
 
@@ -205,7 +210,7 @@ class Runner:
                 await handle._killing
             metrics.child(metrics.RUNS_FINISHED, run.pool, outcome).inc()
             metrics.child(metrics.RUN_DURATION, run.pool, outcome).observe(
-                time.monotonic() - handle.claimed_at)
+                handle.clock.monotonic() - handle.claimed_at)
             # A run that simply succeeded is logged at DEBUG: a busy worker
             # finishes thousands a second, and metrics count them.
             log.log(logging.DEBUG if outcome == "done" else logging.INFO,
@@ -242,11 +247,11 @@ class Runner:
                 return await self._finish(handle, None, None)
         handle.previous = None  # nothing more to wait for; let it be collected
         ctx = RunContext(lease, self.store, cancel=handle.cancel, tools=handle.tools,
-                         started=handle.claimed_at, fence=handle)
+                         started=handle.claimed_at, fence=handle, clock=handle.clock)
         deadline = None
         if ctx.budget.deadline_s is not None:
             deadline = asyncio.get_running_loop().call_later(
-                max(0.0, ctx.budget.deadline_s - (time.monotonic() - handle.claimed_at)),
+                max(0.0, ctx.budget.deadline_s - (handle.clock.monotonic() - handle.claimed_at)),
                 handle.stop, StopReason.DEADLINE)
         result: Any = None
         error: BaseException | None = None
@@ -356,5 +361,6 @@ class Runner:
                 if not handle.may_write():
                     raise LeaseLost(handle.run_id, handle.lease.epoch) from exc
                 log.warning("run_write_retry run_id=%s error=%s", handle.run_id, exc)
-                await asyncio.sleep(min(delay, max(0.0, handle.fence_at - time.monotonic())))
+                left_s = handle.fence_at - handle.clock.monotonic()
+                await asyncio.sleep(min(delay, max(0.0, left_s)))
                 delay = min(2.0, delay * 2)
