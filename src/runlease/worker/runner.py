@@ -29,7 +29,7 @@ from typing import Any
 from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import RETRY_AFTER_MAX_S, ResultRefused
-from runlease.core.states import ErrorCode, RunStatus
+from runlease.core.states import ErrorCode, Outcome, RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import DatabaseUnavailable, LeaseLost
@@ -47,8 +47,8 @@ Acker = Callable[["RunHandle", Rendered], Awaitable[bool]]
 class StopReason(enum.Enum):
     CANCEL = "cancel"
     DRAIN = "drain"
-    LEASE_LOST = "lease_lost"
-    SELF_FENCED = "self_fenced"
+    LEASE_LOST = Outcome.LEASE_LOST.value
+    SELF_FENCED = Outcome.SELF_FENCED.value
     DEADLINE = "deadline"
 
 
@@ -196,7 +196,7 @@ class Runner:
     async def execute(self, handle: RunHandle) -> None:
         """Run the agent and write the outcome; never raises."""
         run = handle.lease.run
-        outcome = "unknown"
+        outcome = Outcome.UNKNOWN
         try:
             outcome = await self._execute(handle)
         except LeaseLost:
@@ -213,13 +213,13 @@ class Runner:
                 handle.clock.monotonic() - handle.claimed_at)
             # A run that simply succeeded is logged at DEBUG: a busy worker
             # finishes thousands a second, and metrics count them.
-            log.log(logging.DEBUG if outcome == "done" else logging.INFO,
+            log.log(logging.DEBUG if outcome == Outcome.DONE else logging.INFO,
                     "run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
                     run.tenant_id, run.attempts, outcome)
             handle.finished.set()
 
     @staticmethod
-    def _lost(handle: RunHandle) -> str:
+    def _lost(handle: RunHandle) -> Outcome:
         if handle.writes_allowed:
             # Found by a fenced write (an event, a step, the ack...), not by a
             # renewal or the fence, which count their own.
@@ -227,9 +227,9 @@ class Runner:
             log.error("lease_lost run_id=%s epoch=%s", handle.run_id, handle.lease.epoch)
             handle.stop(StopReason.LEASE_LOST)
         assert handle.reason is not None
-        return handle.reason.value
+        return Outcome(handle.reason.value)
 
-    async def _execute(self, handle: RunHandle) -> str:
+    async def _execute(self, handle: RunHandle) -> Outcome:
         lease = handle.lease
         if handle.previous is not None and not handle.previous.ended.is_set():
             # This worker claimed the run again while its older attempt still
@@ -298,7 +298,8 @@ class Runner:
         await ctx.flush()
         return result
 
-    async def _finish(self, handle: RunHandle, result: Any, error: BaseException | None) -> str:
+    async def _finish(self, handle: RunHandle, result: Any,
+                      error: BaseException | None) -> Outcome:
         lease = handle.lease
         reason = handle.reason
         handle.closing = True
@@ -310,16 +311,16 @@ class Runner:
             if lease.run_id not in released:
                 stale_writes(handle.pool)
                 return self._lost(handle)
-            return "released"
+            return Outcome.RELEASED
         if reason == StopReason.CANCEL or isinstance(error, RunCancelled):
             latency = await self._retry(handle, lambda: self.store.finalize_cancel(lease))
             metrics.CANCEL_LATENCY.labels(handle.pool).observe(latency)
-            return "cancelled"
+            return Outcome.CANCELLED
         if reason == StopReason.DEADLINE or isinstance(error, BudgetExceeded):
             message = str(error) if error else "deadline exceeded"
             await self._retry(handle, lambda: self.store.fail(
                 lease, ErrorCode.BUDGET_EXCEEDED.value, message))
-            return "dead"
+            return Outcome.DEAD
         if error is None:
             try:
                 rendered = Rendered(self.store.render_result(result))
@@ -327,13 +328,13 @@ class Runner:
                 # This run's result alone is refused; it never joins a batch.
                 refused = (exc.code, f"the run's result {exc.message}")
                 await self._retry(handle, lambda: self.store.fail(lease, *refused))
-                return "dead"
+                return Outcome.DEAD
             if not handle.may_write() or not await self.ack(handle, rendered):
                 return self._lost(handle)
-            return "done"
+            return Outcome.DONE
         if isinstance(error, FatalError):
             await self._retry(handle, lambda: self.store.fail(lease, error.code, str(error)))
-            return "dead"
+            return Outcome.DEAD
         retry_after: float | None = None
         if isinstance(error, RetryableError):
             code, message = error.code, str(error)
@@ -347,7 +348,7 @@ class Runner:
             log.warning("run_raised run_id=%s error=%s", lease.run_id, message.splitlines()[0])
         status = await self._retry(handle, lambda: self.store.nack(
             lease, code, message, retry_after_s=retry_after))
-        return "retrying" if status == RunStatus.PENDING else str(status)
+        return Outcome.RETRYING if status == RunStatus.PENDING else Outcome(status.value)
 
     async def _retry(self, handle: RunHandle, op: Callable[[], Awaitable[Any]]) -> Any:
         """A write that rides out a database outage until the fence deadline."""
