@@ -198,6 +198,38 @@ class _Calls:
         return {**self.headers, "Accept": "text/event-stream", "Last-Event-ID": str(after)}
 
 
+class _Resume:
+    """Where a dropped event stream resumes (Last-Event-ID), and when: the
+    reconnect policy both clients share."""
+
+    def __init__(self, run_id: UUID | str, after: int, max_reconnects: int | None) -> None:
+        self.run_id = run_id
+        self.after = after
+        self.max_reconnects = max_reconnects
+        self.reconnects = 0
+        self.delay = 0.2
+
+    def seen(self, item: StreamEvent | RunEnded) -> bool:
+        """Note an item handed out; True when it ends the stream."""
+        if isinstance(item, StreamEvent):
+            self.after = item.seq
+            self.delay = 0.2
+        return isinstance(item, RunEnded)
+
+    def dropped(self, error: Exception | None) -> float:
+        """The stream ended early (error None: the server closed it). Returns
+        the wait before the next try; raises an answer that a retry will not
+        change, or when max_reconnects is spent."""
+        if isinstance(error, ApiError) and error.status not in RETRY_STATUSES:
+            raise error
+        self.reconnects += 1
+        if self.max_reconnects is not None and self.reconnects > self.max_reconnects:
+            raise ConnectionError(
+                f"event stream of {self.run_id} dropped {self.reconnects} times")
+        delay, self.delay = self.delay, min(5.0, self.delay * 2)
+        return delay
+
+
 class Client:
     """Synchronous client."""
 
@@ -256,35 +288,26 @@ class Client:
         """The run's events, live; reconnects with Last-Event-ID after a drop
         (or a 502, 503 or 504 answer), so nothing is lost or repeated; ends
         after RunEnded."""
-        reconnects, delay = 0, 0.2
+        resume = _Resume(run_id, after, max_reconnects)
         while True:
             parser = SseParser()
+            error: Exception | None = None
             try:
                 with self._http.stream("GET", f"/v1/runs/{run_id}/events",
-                                       headers=self._calls.stream_headers(after),
+                                       headers=self._calls.stream_headers(resume.after),
                                        timeout=httpx.Timeout(10.0, read=read_timeout_s)) as r:
                     if r.status_code >= 400:
                         r.read()
                         self._calls.check(r)
                     for line in r.iter_lines():
                         item = parser.feed(line)
-                        if isinstance(item, StreamEvent):
-                            after = item.seq
-                            delay = 0.2
                         if item is not None:
                             yield item
-                        if isinstance(item, RunEnded):
-                            return
-            except httpx.TransportError:
-                pass
-            except ApiError as exc:
-                if exc.status not in RETRY_STATUSES:
-                    raise
-            reconnects += 1
-            if max_reconnects is not None and reconnects > max_reconnects:
-                raise ConnectionError(f"event stream of {run_id} dropped {reconnects} times")
-            time.sleep(delay)
-            delay = min(5.0, delay * 2)
+                            if resume.seen(item):
+                                return
+            except (httpx.TransportError, ApiError) as exc:
+                error = exc
+            time.sleep(resume.dropped(error))
 
     def stream_token(self, run_id: UUID | str) -> dict[str, Any]:
         return self._call("POST", f"/v1/runs/{run_id}/stream-token")  # type: ignore[no-any-return]
@@ -368,36 +391,27 @@ class AsyncClient:
     async def events(self, run_id: UUID | str, *, after: int = 0,
                      max_reconnects: int | None = None,
                      read_timeout_s: float = 60.0) -> AsyncIterator[StreamEvent | RunEnded]:
-        reconnects, delay = 0, 0.2
+        resume = _Resume(run_id, after, max_reconnects)
         while True:
             parser = SseParser()
+            error: Exception | None = None
             try:
                 async with self._http.stream(
                         "GET", f"/v1/runs/{run_id}/events",
-                        headers=self._calls.stream_headers(after),
+                        headers=self._calls.stream_headers(resume.after),
                         timeout=httpx.Timeout(10.0, read=read_timeout_s)) as r:
                     if r.status_code >= 400:
                         await r.aread()
                         self._calls.check(r)
                     async for line in r.aiter_lines():
                         item = parser.feed(line)
-                        if isinstance(item, StreamEvent):
-                            after = item.seq
-                            delay = 0.2
                         if item is not None:
                             yield item
-                        if isinstance(item, RunEnded):
-                            return
-            except httpx.TransportError:
-                pass
-            except ApiError as exc:
-                if exc.status not in RETRY_STATUSES:
-                    raise
-            reconnects += 1
-            if max_reconnects is not None and reconnects > max_reconnects:
-                raise ConnectionError(f"event stream of {run_id} dropped {reconnects} times")
-            await asyncio.sleep(delay)
-            delay = min(5.0, delay * 2)
+                            if resume.seen(item):
+                                return
+            except (httpx.TransportError, ApiError) as exc:
+                error = exc
+            await asyncio.sleep(resume.dropped(error))
 
     async def dead_letters(self, *, pool: str | None = None, limit: int = 50,
                            cursor: str | None = None) -> RunPage:
