@@ -27,6 +27,11 @@ def _json(text: str) -> Any:
 MAX_CLAIM_BATCH = 1000
 
 
+def _held(worker: str, pairs: Sequence[tuple[UUID, int]]) -> dict[str, Any]:
+    """The parameters of a statement over many of one worker's leases."""
+    return {"worker": worker, "ids": [p[0] for p in pairs], "epochs": [p[1] for p in pairs]}
+
+
 @dataclass(frozen=True, slots=True)
 class Rendered:
     """A result already rendered by RunStore.render_result (the worker renders
@@ -91,16 +96,8 @@ class LeaseStore(Executor):
         pairs = list(leases)
         if not pairs:
             return HeartbeatResult()
-        rows = await self._rows(
-            "run_heartbeat",
-            {
-                "worker": worker,
-                "ids": [p[0] for p in pairs],
-                "epochs": [p[1] for p in pairs],
-                "lease_s": lease_s,
-            },
-            conn,
-        )
+        rows = await self._rows("run_heartbeat", _held(worker, pairs) | {"lease_s": lease_s},
+                                conn)
         held = {r["id"]: r["locked_until"] for r in rows}
         return HeartbeatResult(
             held=held,
@@ -201,15 +198,7 @@ class LeaseStore(Executor):
         if not pairs:
             return {}
         rows = await self._rows(
-            "run_release",
-            {
-                "worker": worker,
-                "ids": [p[0] for p in pairs],
-                "epochs": [p[1] for p in pairs],
-                "channel_prefix": POOL_CHANNEL_PREFIX,
-            },
-            conn,
-        )
+            "run_release", _held(worker, pairs) | {"channel_prefix": POOL_CHANNEL_PREFIX}, conn)
         return {r["id"]: RunStatus(r["status"]) for r in rows}
 
     async def finalize_cancel(self, lease: Lease, *, conn: Conn | None = None) -> float:
