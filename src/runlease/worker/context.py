@@ -27,8 +27,8 @@ from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
+from runlease.worker.cancellable_http import CancellableHttp
 from runlease.worker.errors import BudgetExceeded, FatalError, RunCancelled, ToolTimeout
-from runlease.worker.http import CancellableHttp
 from runlease.worker.tools import ToolResult, ToolRunner
 
 log = logging.getLogger(__name__)
