@@ -3,6 +3,7 @@ own languages): the copies must agree with the source."""
 
 from __future__ import annotations
 
+import json
 import re
 import typing
 from pathlib import Path
@@ -39,6 +40,9 @@ def column_default(table_name: str, column: str) -> str:
 
 def test_the_pool_name_pattern_is_the_crd_and_schema_check() -> None:
     assert crd_spec()["pool"]["pattern"] == bounds.POOL_PATTERN
+    values = json.loads((ROOT / "charts" / "runlease" / "values.schema.json").read_text())
+    assert values["properties"]["samplePool"]["properties"]["name"]["pattern"] \
+        == bounds.POOL_PATTERN
     assert f"CHECK (name ~ '{bounds.POOL_PATTERN}')" in table("agent_run_pools")
 
 
