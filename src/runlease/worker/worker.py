@@ -200,8 +200,9 @@ class Worker:
     async def _drain(self) -> None:
         metrics.WORKER_DRAINING.labels(self.settings.pool).set(1)
         if self.claims is not None:
-            # The claim under way finishes (and hands back what it got).
-            await self.claims.stop(self.settings.drain_grace_s)
+            # The claim under way finishes (and hands back what it got); one
+            # stuck on a dead socket is cancelled, not waited for forever.
+            await self.claims.stop(self.settings.drain_grace_s + 5.0)
         await self._wait_runs(self.settings.drain_grace_s)
         if self.active:
             log.info("drain_releasing runs=%d", len(self.active))
