@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from runlease.client import ApiError, Client, RunEnded, RunView, StreamEvent
+from runlease.client import ApiError, Client, RunEnded, RunView, StepView, StreamEvent
 from runlease.core.states import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -162,6 +162,34 @@ def cancel(api_url: str, token: str, as_json: bool, run_id: str) -> None:
         console.print(f"{run.id}: {state}")
 
 
+def steps_table(steps: list[StepView]) -> Table:
+    table = Table()
+    for column in ("step", "attempt", "committed", "result"):
+        table.add_column(column, overflow="fold")
+    for step in steps:
+        table.add_row(step.key, str(step.attempt), step.created_at.strftime("%H:%M:%S"),
+                      json.dumps(step.result)[:2000])
+    return table
+
+
+@runs.command("steps")
+@api_options
+@click.argument("run_id")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
+@click.option("--cursor", help="Start after this step key (a page's next cursor).")
+def steps(api_url: str, token: str, as_json: bool, run_id: str, limit: int,
+          cursor: str | None) -> None:
+    """A run's committed durable steps (what its tools returned), in key order."""
+    with client(api_url, token) as api:
+        page = api.steps(run_id, limit=limit, cursor=cursor)
+    if as_json:
+        emit_json(page)
+        return
+    console.print(steps_table(page.items))
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
+
+
 @runs.command("tail")
 @api_options
 @click.argument("run_id")
@@ -172,6 +200,10 @@ def tail(api_url: str, token: str, as_json: bool, run_id: str, after: int) -> No
         for item in api.events(run_id, after=after):
             if as_json:
                 click.echo(json.dumps(_jsonable(item)))
+            elif isinstance(item, StreamEvent) and item.kind == "tool.output" \
+                    and isinstance(item.data.get("text"), str):
+                # A tool's output as it printed it, not as JSON.
+                click.echo(item.data["text"], nl=False)
             elif isinstance(item, StreamEvent):
                 console.print(f"[dim]{item.seq:>5}[/] [bold]{item.kind}[/] "
                               f"{json.dumps(item.data)}")

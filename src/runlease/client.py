@@ -8,7 +8,7 @@
             print(event)
         print(api.wait(run.id).status)
 
-`AsyncClient` has the run methods (submit, get, list, cancel, wait, events) and
+`AsyncClient` has the run methods (submit, get, list, cancel, wait, events, steps) and
 dead_letters and redrive, as coroutines (events as an async iterator); it has no
 stream_token, pools or upsert_pool. Both build requests and read answers the
 same way (`_Calls`); only the I/O differs.
@@ -98,6 +98,29 @@ class RunView:
 @dataclass(frozen=True, slots=True)
 class RunPage:
     items: list[RunView]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """A committed durable step of a run, as the API shows it."""
+
+    key: str
+    result: Any
+    attempt: int
+    lease_epoch: int
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepView:
+        return cls(key=data["key"], result=data.get("result"), attempt=data["attempt"],
+                   lease_epoch=data["lease_epoch"],
+                   created_at=datetime.fromisoformat(data["created_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class StepPage:
+    items: list[StepView]
     next_cursor: str | None
 
 
@@ -194,6 +217,14 @@ class _Calls:
     def page(data: Mapping[str, Any]) -> RunPage:
         return RunPage([RunView.from_json(i) for i in data["items"]], data.get("next_cursor"))
 
+    @staticmethod
+    def steps_params(limit: int, cursor: str | None) -> dict[str, Any]:
+        return {"limit": limit, **({"cursor": cursor} if cursor else {})}
+
+    @staticmethod
+    def step_page(data: Mapping[str, Any]) -> StepPage:
+        return StepPage([StepView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+
     def stream_headers(self, after: int) -> dict[str, str]:
         return {**self.headers, "Accept": "text/event-stream", "Last-Event-ID": str(after)}
 
@@ -238,6 +269,12 @@ class Client:
 
     def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(self._call("POST", f"/v1/runs/{run_id}/cancel"))
+
+    def steps(self, run_id: UUID | str, *, limit: int = 20,
+              cursor: str | None = None) -> StepPage:
+        """A page of the run's committed steps, in step-key order."""
+        return self._calls.step_page(self._call("GET", f"/v1/runs/{run_id}/steps",
+                                                params=self._calls.steps_params(limit, cursor)))
 
     def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         """Poll until the run is finished (done, dead or cancelled)."""
@@ -353,6 +390,12 @@ class AsyncClient:
 
     async def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/cancel"))
+
+    async def steps(self, run_id: UUID | str, *, limit: int = 20,
+                    cursor: str | None = None) -> StepPage:
+        """A page of the run's committed steps, in step-key order."""
+        return self._calls.step_page(await self._call(
+            "GET", f"/v1/runs/{run_id}/steps", params=self._calls.steps_params(limit, cursor)))
 
     async def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         deadline, delay = time.monotonic() + timeout_s, 0.1

@@ -26,6 +26,8 @@ from runlease.api.schemas import (
     RunOut,
     RunPage,
     Status,
+    StepOut,
+    StepPage,
     StreamToken,
 )
 from runlease.core.states import RunStatus
@@ -93,6 +95,25 @@ async def list_runs(who: Who, store: Store, status: Status | None = None,
 @router.get("/runs/{run_id}", response_model=RunOut)
 async def get_run(run_id: UUID, who: Who, store: Store) -> RunOut:
     return RunOut.of(await store.get(run_id, tenant_id=who.scope), admin=who.admin)
+
+
+STEP_PAGE_BYTES = 4 * 1024 * 1024
+
+
+@router.get("/runs/{run_id}/steps", response_model=StepPage)
+async def steps(
+    run_id: UUID, who: Who, store: Store,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=255,
+                                        pattern=r"^[^\x00]+$")] = None,
+) -> StepPage:
+    """The run's committed durable steps (what its tools returned, redacted),
+    in step-key order; at most `limit` and about 4 MiB a page: pass
+    `next_cursor` back as `cursor` for the next."""
+    await store.get(run_id, tenant_id=who.scope)  # another tenant's run is a 404
+    items, next_cursor = await store.steps_page(run_id, after=cursor, limit=limit,
+                                                max_bytes=STEP_PAGE_BYTES)
+    return StepPage(items=[StepOut.of(s) for s in items], next_cursor=next_cursor)
 
 
 @router.post("/runs/{run_id}/cancel", status_code=202, response_model=RunOut)

@@ -9,7 +9,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from runlease.core import bounds
-from runlease.db.models import DEFAULT_RETENTION_S, Pool, Run, TenantLimit
+from runlease.db.models import DEFAULT_RETENTION_S, Pool, Run, Step, TenantLimit
 
 POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
@@ -89,6 +89,27 @@ class RunOut(BaseModel):
 
 class RunPage(BaseModel):
     items: list[RunOut]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
+
+
+class StepOut(BaseModel):
+    """A committed durable step: its result as stored (redacted), and the
+    attempt and lease epoch that committed it."""
+
+    key: str
+    result: Any = None
+    attempt: int
+    lease_epoch: int
+    created_at: datetime
+
+    @classmethod
+    def of(cls, step: Step) -> StepOut:
+        return cls(key=step.step_key, result=step.result, attempt=step.attempt,
+                   lease_epoch=step.lease_epoch, created_at=step.created_at)
+
+
+class StepPage(BaseModel):
+    items: list[StepOut]
     next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
 
 

@@ -519,6 +519,22 @@ class RunStore:
         rows = await self._rows("run_steps_get", {"id": run_id}, conn)
         return {r["step_key"]: Step.from_row(r) for r in rows}
 
+    async def steps_page(
+        self, run_id: UUID, *, after: str | None = None, limit: int = 20,
+        max_bytes: int = 4 * bounds.MAX_STEP_RESULT_BYTES, conn: Conn | None = None,
+    ) -> tuple[list[Step], str | None]:
+        """A page of a run's steps in step-key order, at most `limit` and about
+        `max_bytes` of results; and the cursor of the next page (None: last)."""
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise ValidationError("limit", f"must be between 1 and {MAX_LIST_LIMIT}")
+        if after is not None:
+            bounds.check_step_key(after)
+        rows = await self._rows("run_steps_page", {"id": run_id, "after": after, "limit": limit,
+                                                   "max_bytes": max_bytes}, conn)
+        steps = [Step.from_row({**r, "run_id": run_id}) for r in rows if r["fits"]]
+        more = len(rows) == limit or len(steps) < len(rows)
+        return steps, (steps[-1].step_key if more and steps else None)
+
     # -- control plane and operations --------------------------------------
 
     async def request_cancel(
