@@ -75,7 +75,7 @@ class Dev:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         env.pop("DATABASE_URL", None)  # the embedded default, as on a fresh machine
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -93,7 +93,7 @@ class Dev:
 
     def cli(self, *args: str, token: str = TENANT_TOKEN) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "RUNLEASE_API_URL": self.url, "RUNLEASE_TOKEN": token,
-               "PYTHONPATH": str(ROOT)}
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         return subprocess.run([sys.executable, "-m", "runlease", *args], env=env,
                               capture_output=True, text=True, timeout=60, check=False)
 
@@ -125,6 +125,11 @@ def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> 
     assert tail.returncode == 0, tail.stderr
     assert "message" in tail.stdout
     assert "end: done" in tail.stdout
+    assert "\nok\n" in tail.stdout  # the shell step's output, as it printed it
+    steps = dev.json("runs", "steps", run["id"])
+    assert [(s["key"], s["result"].get("stdout")) for s in steps["items"]] == [
+        ("0", None), ("1", "ok\n")]
+    assert "ok" in dev.cli("runs", "steps", run["id"]).stdout
     shown = dev.json("runs", "show", run["id"])
     assert (shown["status"], shown["result"]) == ("done", {"steps": 2})
     assert dev.json("runs", "submit", "--input", plan, "--idempotency-key", "k1")["id"] == \
