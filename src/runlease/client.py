@@ -53,6 +53,12 @@ class Unauthorized(ApiError):
     pass
 
 
+class Conflict(ApiError):
+    """409: the run's state does not allow it (cancel or redrive of a finished
+    run; the message names the status), or an Idempotency-Key reused with
+    another input."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunView:
     """A run as the API shows it."""
@@ -186,7 +192,8 @@ class _Calls:
             error = response.json()["error"]
         except (ValueError, KeyError, TypeError):
             error = {"code": "http_error", "message": response.text[:500]}
-        kind = {404: NotFound, 401: Unauthorized}.get(response.status_code, ApiError)
+        kind = {404: NotFound, 401: Unauthorized, 409: Conflict}.get(response.status_code,
+                                                                   ApiError)
         raise kind(response.status_code, error.get("code", "error"),
                    error.get("message", ""), error.get("field"))
 
