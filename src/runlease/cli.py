@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -125,10 +128,13 @@ def worker(**options: object) -> None:
 def api(**options: object) -> None:
     """Serve the HTTP API. Every option is also a RUNLEASE_* environment variable."""
     from runlease.api.app import create_app
-    from runlease.api.server import ApiServer
+    from runlease.api.server import ApiServer, bind_socket
 
     settings = load(ApiSettings, options)
-    server = ApiServer(create_app(settings), settings.host, settings.port)
+    app = create_app(settings)
+    # Bound before anything starts: a busy port is one line, not a traceback.
+    server = ApiServer(app, settings.host, settings.port,
+                       sock=bind_socket(settings.host, settings.port))
     asyncio.run(server.serve())
 
 
@@ -139,7 +145,23 @@ def operator(**options: object) -> None:
     reaper. Every option is also a RUNLEASE_* environment variable."""
     from runlease.operator.main import run as run_operator
 
-    run_operator(load(OperatorSettings, options))
+    settings = load(OperatorSettings, options)
+    check_cluster()
+    run_operator(settings)
+
+
+def check_cluster() -> None:
+    """Fail at once, in one line, where kopf would fail its login after a
+    page of tracebacks: no service account (not in a pod) and no kubeconfig."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    configs = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if any(os.path.exists(p) for p in configs or [os.path.expanduser("~/.kube/config")]):
+        return
+    looked = "KUBECONFIG=" + os.pathsep.join(configs) if configs else "~/.kube/config"
+    raise RunleaseError(f"no Kubernetes cluster: not in a pod, and no kubeconfig ({looked} "
+                        "does not exist); point KUBECONFIG at a cluster, or try runlease "
+                        "without one: `runlease dev`")
 
 
 def _client_commands() -> None:
@@ -154,8 +176,16 @@ _client_commands()
 
 
 def run() -> None:
+    """The entry point: an error that ends the command is one line on stderr
+    and exit code 1; the traceback only with --log-level DEBUG."""
     try:
         main(standalone_mode=True)
-    except RunleaseError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except Exception as exc:
+        if isinstance(exc, RunleaseError):
+            click.echo(f"error: {exc}", err=True)
+        else:
+            click.echo(f"error: {type(exc).__name__}: {exc} (--log-level DEBUG shows where)",
+                       err=True)
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            traceback.print_exc()
         sys.exit(1)

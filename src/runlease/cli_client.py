@@ -7,6 +7,7 @@ The API URL and token come from options or RUNLEASE_API_URL / RUNLEASE_TOKEN.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -25,13 +26,30 @@ console = Console()
 
 
 def api_options(command: F) -> F:
-    command = click.option("--json", "as_json", is_flag=True,
-                           help="Print JSON instead of a table.")(command)
-    command = click.option("--token", envvar="RUNLEASE_TOKEN", required=True,
-                           help="Bearer token [env: RUNLEASE_TOKEN].")(command)
-    return click.option("--api-url", envvar="RUNLEASE_API_URL",
+    """--api-url, --token and the output format (`-o json` = --json, `-o wide` =
+    --wide) for a command written as f(api_url, token, as_json, ...)."""
+
+    @functools.wraps(command)
+    def formatted(*args: Any, output: str | None, wide: bool, **kwargs: Any) -> Any:
+        if output == "json":
+            kwargs["as_json"] = True
+        if wide or output == "wide":
+            # Nothing cut to the terminal's width (or to 80 columns in a pipe).
+            console.width = 100_000
+        return command(*args, **kwargs)
+
+    wrapped: Any = formatted
+    wrapped = click.option("--wide", is_flag=True,
+                           help="Tables at full width, nothing cut.")(wrapped)
+    wrapped = click.option("-o", "--output", type=click.Choice(["table", "wide", "json"]),
+                           help="Output format (table is the default).")(wrapped)
+    wrapped = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON instead of a table (= -o json).")(wrapped)
+    wrapped = click.option("--token", envvar="RUNLEASE_TOKEN", required=True,
+                           help="Bearer token [env: RUNLEASE_TOKEN].")(wrapped)
+    return click.option("--api-url", envvar="RUNLEASE_API_URL",  # type: ignore[no-any-return]
                         default="http://127.0.0.1:8080", show_default=True,
-                        help="[env: RUNLEASE_API_URL]")(command)
+                        help="[env: RUNLEASE_API_URL]")(wrapped)
 
 
 @contextmanager
@@ -64,7 +82,9 @@ def emit_json(value: Any) -> None:
 
 def runs_table(runs: list[RunView], title: str | None = None) -> Table:
     table = Table(title=title)
-    for column in ("id", "tenant", "pool", "status", "attempts", "error", "created"):
+    # Whole ids at any width: an id is for copying into the next command.
+    table.add_column("id", no_wrap=True, min_width=36)
+    for column in ("tenant", "pool", "status", "attempts", "error", "created"):
         table.add_column(column)
     colors = {"done": "green", "dead": "red", "cancelled": "yellow", "leased": "cyan"}
     for run in runs:
@@ -346,7 +366,9 @@ def pools_upsert(api_url: str, token: str, as_json: bool, name: str,
                  paused: bool | None, default_max_in_flight: str | None,
                  priority_aging_s: int | None, tool_env: str | None,
                  limits: tuple[str, ...], bands: tuple[str, ...]) -> None:
-    """Create or update a pool, changing only what is given (also: `pools set`)."""
+    """Create or update a pool (also: `pools set`). Only what is given changes:
+    settings and tenants left out keep their current values (a new pool starts
+    from the defaults); TENANT=none removes a tenant's setting."""
     given: dict[str, Any] = {k: v for k, v in (
         ("max_attempts", max_attempts), ("lease_s", lease_s), ("retention_s", retention_s),
         ("paused", paused), ("priority_aging_s", priority_aging_s)) if v is not None}

@@ -136,6 +136,10 @@ def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> 
         run["id"]
     listed = dev.json("runs", "list")
     assert [r["id"] for r in listed["items"]] == [run["id"]]
+    assert dev.json("runs", "list", "-o", "json") == listed
+    table = dev.cli("runs", "list")  # a pipe: 80 columns, and still whole ids
+    assert run["id"] in table.stdout, table.stdout
+    assert run["id"] in dev.cli("runs", "list", "--wide").stdout
 
     long = dev.json("runs", "submit", "--input",
                     json.dumps({"steps": [{"shell": ["sleep", "300"]}]}))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -116,20 +116,33 @@ class RequestMetrics:
         await self.app(scope, receive, observing_send)
 
 
+@contextmanager
+def _naming(where: str) -> Iterator[None]:
+    try:
+        yield
+    except (ValueError, SettingsError, OSError) as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+
+
 def build_registry(settings: ApiSettings) -> TokenRegistry:
+    """The tokens; a bad one is a settings error that names where it came from."""
     registry = TokenRegistry()
-    if settings.tokens:
-        registry.load_pairs(settings.tokens)
-    for token in settings.admin_tokens:
-        registry.add(token, ADMIN)
-    if settings.tokens_file:
-        registry.load_file(settings.tokens_file)
+    with _naming("--tokens (RUNLEASE_TOKENS)"):
+        if settings.tokens:
+            registry.load_pairs(settings.tokens)
+    with _naming("--admin-tokens (RUNLEASE_ADMIN_TOKENS)"):
+        for token in settings.admin_tokens:
+            registry.add(token, ADMIN)
+    with _naming("--tokens-file (RUNLEASE_TOKENS_FILE)"):
+        if settings.tokens_file:
+            registry.load_file(settings.tokens_file)
     return registry
 
 
 def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) -> FastAPI:
     if not settings.database_url:
-        raise SettingsError("no database: set --database-url or RUNLEASE_DATABASE_URL")
+        raise SettingsError("no database: set --database-url, RUNLEASE_DATABASE_URL or "
+                            "DATABASE_URL")
     url: str = settings.database_url
     state = ApiState(settings=settings, tokens=tokens or build_registry(settings),
                      stream_tokens=StreamTokens(settings.stream_token_secret,
@@ -148,6 +161,10 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
                             application_name="runlease-api-listen")
         listener.start()
         log.info("api_started tokens=%d", len(state.tokens))
+        if not len(state.tokens):
+            log.warning("api_no_tokens every request will be refused (401): give tokens "
+                        "with --tokens, --admin-tokens or --tokens-file (RUNLEASE_TOKENS, "
+                        "RUNLEASE_ADMIN_TOKENS, RUNLEASE_TOKENS_FILE)")
         try:
             yield
         finally:
