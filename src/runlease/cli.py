@@ -58,7 +58,9 @@ def database(url: str | None, data_dir: Path) -> Iterator[str]:
 
 @click.group()
 @click.version_option(__version__, prog_name="runlease")
-@click.option("--log-level", default="INFO", show_default=True, envvar="RUNLEASE_LOG_LEVEL")
+@click.option("--log-level", default="INFO", show_default=True, envvar="RUNLEASE_LOG_LEVEL",
+              help="DEBUG, INFO, WARNING or ERROR; DEBUG also prints the traceback of an "
+                   "error that ends a command [env: RUNLEASE_LOG_LEVEL].")
 @click.option("--log-json/--no-log-json", default=False, envvar="RUNLEASE_LOG_JSON",
               help="One JSON object per log line [env: RUNLEASE_LOG_JSON].")
 def main(log_level: str, log_json: bool) -> None:
@@ -85,9 +87,11 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @main.command()
 @database_url_option
 @data_dir_option
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the API listens on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the API (0: any free one).")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64),
+              help="Worker processes (script agent, or RUNLEASE_AGENT).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
               help="Slots per worker.")
 @click.option("--token", "tokens", multiple=True, metavar="TENANT=TOKEN",
