@@ -130,6 +130,10 @@ def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> 
     assert [(s["key"], s["result"].get("stdout")) for s in steps["items"]] == [
         ("0", None), ("1", "ok\n")]
     assert "ok" in dev.cli("runs", "steps", run["id"]).stdout
+    finished = dev.cli("runs", "cancel", run["id"])  # a 409 that names the status
+    assert finished.returncode == 1
+    assert "409 invalid_transition" in finished.stderr
+    assert "in status done" in finished.stderr
     shown = dev.json("runs", "show", run["id"])
     assert (shown["status"], shown["result"]) == ("done", {"steps": 2})
     assert dev.json("runs", "submit", "--input", plan, "--idempotency-key", "k1")["id"] == \
