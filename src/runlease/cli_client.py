@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from runlease.client import ApiError, Client, RunEnded, RunView, StepView, Strea
 from runlease.core.states import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 console = Console()
 
 
@@ -222,8 +224,9 @@ def tail(api_url: str, token: str, as_json: bool, run_id: str, after: int) -> No
                 click.echo(json.dumps(_jsonable(item)))
             elif isinstance(item, StreamEvent) and item.kind == "tool.output" \
                     and isinstance(item.data.get("text"), str):
-                # A tool's output as it printed it, not as JSON.
-                click.echo(item.data["text"], nl=False)
+                # A tool's output as it printed it, not as JSON; but no
+                # control characters: a run's output must not drive the terminal.
+                click.echo(_CONTROL.sub("?", item.data["text"]), nl=False)
             elif isinstance(item, StreamEvent):
                 console.print(f"[dim]{item.seq:>5}[/] [bold]{item.kind}[/] "
                               f"{json.dumps(item.data)}")

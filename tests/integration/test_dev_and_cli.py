@@ -119,16 +119,19 @@ def dev() -> Iterator[Dev]:
 
 def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> None:
     assert "token      acme: " + TENANT_TOKEN in dev.log.read_text()
-    plan = json.dumps({"steps": [{"emit": {"text": "hi"}}, {"shell": ["echo", "ok"]}]})
+    # The shell also prints a terminal escape (clear screen): tail must not pass it on.
+    plan = json.dumps({"steps": [{"emit": {"text": "hi"}},
+                                 {"shell": ["printf", "ok\n\x1b[2J\n"]}]})
     run = dev.json("runs", "submit", "--input", plan, "--idempotency-key", "k1")
     tail = dev.cli("runs", "tail", run["id"])
     assert tail.returncode == 0, tail.stderr
     assert "message" in tail.stdout
     assert "end: done" in tail.stdout
     assert "\nok\n" in tail.stdout  # the shell step's output, as it printed it
+    assert "\x1b" not in tail.stdout
     steps = dev.json("runs", "steps", run["id"])
     assert [(s["key"], s["result"].get("stdout")) for s in steps["items"]] == [
-        ("0", None), ("1", "ok\n")]
+        ("0", None), ("1", "ok\n\x1b[2J\n")]
     assert "ok" in dev.cli("runs", "steps", run["id"]).stdout
     finished = dev.cli("runs", "cancel", run["id"])  # a 409 that names the status
     assert finished.returncode == 1
