@@ -298,6 +298,8 @@ class RunContext:
         except BaseException:
             pump.cancel()
             await asyncio.wait({pump})
+            if not pump.cancelled():
+                pump.exception()  # retrieved: the tool's own error is the one to raise
             raise
         await self._end_pump(pump, output, wake, done)
         return result
