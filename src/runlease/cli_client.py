@@ -33,12 +33,17 @@ def api_options(command: F) -> F:
 
     @functools.wraps(command)
     def formatted(*args: Any, output: str | None, wide: bool, **kwargs: Any) -> Any:
+        global console
         if output == "json":
             kwargs["as_json"] = True
-        if wide or output == "wide":
-            # Nothing cut to the terminal's width (or to 80 columns in a pipe).
-            console.width = 100_000
-        return command(*args, **kwargs)
+        if not (wide or output == "wide"):
+            return command(*args, **kwargs)
+        # Nothing cut to the terminal's width (or to 80 columns in a pipe).
+        usual, console = console, Console(width=100_000)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            console = usual
 
     wrapped: Any = formatted
     wrapped = click.option("--wide", is_flag=True,
