@@ -1,15 +1,19 @@
-"""A tool's output cut into events: whole lines, bounded, in order."""
+"""A tool's output cut into events: never inside a secret, bounded, in order."""
 
 from __future__ import annotations
 
-from runlease.worker.tool_output import LINE_MAX_CHARS, OutputEvents
+from runlease.core.redact import DEFAULT_REDACTOR, MASK
+from runlease.worker.tool_output import EVENT_MAX_CHARS, OutputEvents
+
+KEY = ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo\n"
+       "4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onL\n-----END RSA PRIVATE KEY-----\n")
 
 
 def texts(events: list[tuple[str, dict[str, object]]]) -> list[tuple[object, object]]:
     return [(d["stream"], d["text"]) for _, d in events]
 
 
-def test_whole_lines_only_until_the_tool_ends() -> None:
+def test_text_waits_for_a_safe_cut_until_the_tool_ends() -> None:
     out = OutputEvents("tool.output", {"step": 1})
     out.feed("stdout", b"one\ntw")
     assert texts(out.take()) == [("stdout", "one\n")]
@@ -26,15 +30,31 @@ def test_a_character_split_between_chunks_is_whole() -> None:
     data = "héllo ✓\n".encode()
     for i in range(len(data)):
         out.feed("stdout", data[i:i + 1])
-    assert texts(out.finish()) == [("stdout", "héllo ✓\n")]
+    assert "".join(str(t) for _, t in texts(out.take() + out.finish())) == "héllo ✓\n"
 
 
-def test_lines_coalesce_and_long_lines_are_cut() -> None:
+def test_a_key_printed_line_by_line_never_reaches_an_event_in_pieces() -> None:
     out = OutputEvents("tool.output")
-    out.feed("stdout", b"a\nb\n" + b"x" * (LINE_MAX_CHARS + 10))
-    events = texts(out.take())
-    assert events[0] == ("stdout", "a\nb\n" + "x" * LINE_MAX_CHARS)
-    assert texts(out.finish()) == [("stdout", "x" * 10)]
+    stored = []
+    for line in ("build ok\n" + KEY + "done\n").splitlines(keepends=True):
+        out.feed("stdout", line.encode())
+        # What the store would keep: each event redacted alone.
+        stored += [DEFAULT_REDACTOR.text(str(d["text"])) for _, d in out.take()]
+    stored += [DEFAULT_REDACTOR.text(str(d["text"])) for _, d in out.finish()]
+    joined = "".join(stored)
+    assert "MIIEow" not in joined
+    assert "4lgOEePz" not in joined
+    assert MASK in joined
+    assert joined.startswith("build ok\n")
+    assert joined.endswith("done\n")
+
+
+def test_long_output_is_cut_into_bounded_events() -> None:
+    out = OutputEvents("tool.output")
+    out.feed("stdout", b"word " * 8000)
+    events = out.take() + out.finish()
+    assert all(len(str(d["text"])) <= EVENT_MAX_CHARS for _, d in events)
+    assert "".join(str(d["text"]) for _, d in events) == "word " * 8000
 
 
 def test_output_past_the_bound_is_left_out_with_a_note() -> None:

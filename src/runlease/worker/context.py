@@ -288,8 +288,8 @@ class RunContext:
         group: SIGTERM, then SIGKILL after the worker's grace.
 
         With output_event, the tool's output is also stored as events of that
-        kind while it runs, `{**output_data, "stream", "text"}`, whole lines,
-        bounded and redacted (worker/tool_output.py)."""
+        kind while it runs, `{**output_data, "stream", "text"}`, bounded and
+        redacted, never cut inside a secret (worker/tool_output.py)."""
         await self.check()
         self.count_tool_call()
         left = self.deadline_left_s
@@ -302,7 +302,7 @@ class RunContext:
                 await self.check()  # the run's deadline, not the tool's own timeout
                 raise
         await self.flush()
-        output = OutputEvents(output_event, output_data)
+        output = OutputEvents(output_event, output_data, redactor=self.store.redactor)
         wake, done = asyncio.Event(), asyncio.Event()
 
         def seen(stream: str, chunk: bytes) -> None:
