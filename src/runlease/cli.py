@@ -103,13 +103,20 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
         demo: bool) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
-    from runlease.api.auth import parse_token_pairs
+    from runlease.api.auth import ADMIN, TokenRegistry, parse_token_pairs
     from runlease.dev import DevOptions, run_dev
 
     try:
         tenant_tokens = dict(parse_token_pairs(tokens))
-    except ValueError as exc:
+        for tenant, token in tenant_tokens.items():  # checked now, not after PostgreSQL started
+            TokenRegistry().add_tenant(tenant, token)
+    except (ValueError, RunleaseError) as exc:
         raise click.BadParameter(str(exc), param_hint="--token") from None
+    if admin_token is not None:
+        try:
+            TokenRegistry().add(admin_token, ADMIN)
+        except RunleaseError as exc:
+            raise click.BadParameter(str(exc), param_hint="--admin-token") from None
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
                          workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
                          admin_token=admin_token, demo=demo)

@@ -71,6 +71,14 @@ def test_settings_errors_name_the_option_and_its_variable() -> None:
     assert "DATABASE_URL" in nodb
 
 
+def test_dev_checks_its_tokens_before_starting_anything(tmp_path: Path) -> None:
+    for option, value in (("--token", "acme=short"), ("--admin-token", "short")):
+        result = runlease("dev", option, value, "--data-dir", str(tmp_path / "data"))
+        assert result.returncode == 2, result
+        assert f"Invalid value for {option}: tokens must be at least 16" in result.stderr
+        assert not (tmp_path / "data").exists()
+
+
 def test_operator_without_a_cluster_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(runlease("operator", "--namespaces", "agents", "--standalone",
                                    HOME=str(tmp_path)))
