@@ -18,7 +18,7 @@ import click
 import yaml
 
 from runlease import cli
-from runlease.agents.openai import OpenAISettings
+from runlease.agents.openai.request import OpenAISettings
 from runlease.settings import ApiSettings, OperatorSettings, WorkerSettings, reference
 
 ROOT = Path(__file__).resolve().parents[1]

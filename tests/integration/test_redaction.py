@@ -138,8 +138,6 @@ async def test_every_stored_field_is_redacted(live_store: RunStore) -> None:
     assert [e.data for e in events if e.kind == "tool.result"] == [{"id_token": MASK, "n": 1}]
 
 
-@pytest.mark.xfail(strict=True, reason="RunStore.ack_many applies redactor.json(result) "
-                                       "at merge (the lead owns ack_many): drop this mark then")
 async def test_a_run_result_is_redacted(live_store: RunStore) -> None:
     lease = await _lease(live_store)
     result = {"answer": "use password=hunter2x", "token": "abc", "n": random.randint(1, 9)}

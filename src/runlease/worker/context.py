@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import Budget, ResultRefused
 from runlease.core.redact import StreamHoldback
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
+from runlease.worker.cancellable_http import CancellableHttp
 from runlease.worker.errors import BudgetExceeded, FatalError, RunCancelled, ToolTimeout
-from runlease.worker.http import CancellableHttp
 from runlease.worker.tool_output import OutputEvents
 from runlease.worker.tools import ToolResult, ToolRunner
 
@@ -60,8 +60,10 @@ class RunContext:
         tools: ToolRunner,
         started: float | None = None,
         fence: Fence | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.lease = lease
+        self._clock: Clock = clock or SystemClock()
         self._fence = fence
         self.store = store
         # Loaded on the first step(); a first lease (epoch 1) has none to load:
@@ -69,7 +71,7 @@ class RunContext:
         self._steps: dict[str, Step] | None = {} if lease.epoch == 1 else None
         self._cancel = cancel
         self._tools = tools
-        self._started = time.monotonic() if started is None else started
+        self._started = self._clock.monotonic() if started is None else started
         self.budget = Budget.parse(lease.run.budget_json)
         self.turns = 0
         self.tool_calls = 0
@@ -127,7 +129,7 @@ class RunContext:
     def deadline_left_s(self) -> float | None:
         if self.budget.deadline_s is None:
             return None
-        return self.budget.deadline_s - (time.monotonic() - self._started)
+        return self.budget.deadline_s - (self._clock.monotonic() - self._started)
 
     async def check(self) -> None:
         """Raise RunCancelled after a Stop, BudgetExceeded past the deadline."""

@@ -1,4 +1,5 @@
-"""The `runlease` command."""
+"""The `runlease` command and its server commands: dev, migrate, worker, api,
+operator (the client commands are in cli/client.py)."""
 
 from __future__ import annotations
 
@@ -173,17 +174,6 @@ def check_cluster() -> None:
     raise RunleaseError(f"no Kubernetes cluster: not in a pod, and no kubeconfig ({looked} "
                         "does not exist); point KUBECONFIG at a cluster, or try runlease "
                         "without one: `runlease dev`")
-
-
-def _client_commands() -> None:
-    from runlease.cli_client import dead, pools, runs
-
-    main.add_command(runs)
-    main.add_command(dead)
-    main.add_command(pools)
-
-
-_client_commands()
 
 
 def run() -> None:
