@@ -5,7 +5,6 @@ is already finished."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import httpx
 import psycopg
@@ -18,12 +17,6 @@ from tests.support.workers import running_worker
 
 # The chart's readiness probe gives up after this (charts/runlease: timeoutSeconds).
 PROBE_TIMEOUT_S = 3
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with serve_api(db_url) as served:
-        yield served
 
 
 def count_runs(db_url: str) -> int:

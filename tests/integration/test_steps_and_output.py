@@ -5,22 +5,14 @@ redacted `tool.output` events."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from uuid import uuid4
 
 import httpx
-import pytest
 
 from runlease.client import AsyncClient, RunEnded, StreamEvent
 from runlease.db.store import RunStore
-from tests.support.api import Api, serve_api
+from tests.support.api import Api
 from tests.support.workers import running_worker
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with serve_api(db_url) as served:
-        yield served
 
 
 def shells(*commands: str) -> dict[str, object]:
