@@ -129,6 +129,8 @@ def test_api_says_where_it_listens_and_warns_without_tokens(db_url: str) -> None
     finally:
         proc.terminate()
         proc.wait(20)
+        reader.join(5)
+        proc.stderr.close()
     assert "--tokens" in "".join(lines)
 
 
