@@ -115,7 +115,8 @@ async def test_a_worker_streams_live_and_holds_back_only_the_secret(
             texts = [e.data["text"] for e in await live_store.events_after(queued.run.id)]
             return texts or None
 
-        assert await until(first, what="the first delta event") == ["hello world "]
+        # (`world` waits with the header after it: a header must not start an event.)
+        assert await until(first, what="the first delta event") == ["hello "]
         _gate.set()
         run = await finished(live_store, queued.run.id)
     assert run.status == "done"

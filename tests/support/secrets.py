@@ -100,7 +100,8 @@ def _escaped(draw: st.DrawFn, b: str) -> tuple[str, list[str]]:
 def _quoted_header(draw: st.DrawFn, b: str) -> tuple[str, list[str]]:
     b2 = draw(body())
     form = draw(st.sampled_from(['{{"cookie": "sid={b}; x={b2}", "n": 1}}',
-                                 'Cookie: "x" sid={b} and={b2}',
+                                 '\nCookie: "x" sid={b} and={b2}',
+                                 'call with Cookie: a=1; sid={b}; x={b2} then',
                                  "headers: {{'Authorization': 'Basic {b} {b2}'}}"]))
     return form.format(b=b, b2=b2), [b, b2]
 

@@ -106,6 +106,16 @@ def test_gaps_are_masked(text: str, secret: str) -> None:
     assert MASK in out
 
 
+def test_a_header_at_a_line_start_loses_the_line_and_inside_a_line_its_value() -> None:
+    r = Redactor()
+    assert r.text("> Cookie: a=1; b=2 x y\nok") == f"> Cookie: {MASK}\nok"
+    assert r.text("pass Authorization: Bearer abc123 then call it") == (
+        f"pass Authorization: {MASK} then call it")
+    assert r.text("curl -H 'Cookie: a=1; b=2' https://x") == f"curl -H 'Cookie: {MASK}' https://x"
+    assert r.text('x Authorization: Digest username="bob", response="6629fae4" ok') == (
+        f"x Authorization: {MASK} ok")
+
+
 BENIGN = [
     "max_tokens=1000 prompt_tokens: 12 tokens=5 token_count=3 max_new_tokens=64",
     "tokenizer=cl100k_base token_type=bearer",

@@ -63,9 +63,23 @@ _PEM_RE = re.compile(
     r"(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)",
     re.DOTALL,
 )
+# A credential header at the start of a line (as HTTP and `curl -v` print
+# it, `> Cookie: ...`) loses the rest of the line.
+_LINE_HEADER_RE = re.compile(
+    rf"(?im)^([ \t]*(?:[<>][ \t]*)?(?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})[ \t]*:[ \t]*)"
+    r"([^\r\n]+)"
+)
+# Inside a line (`curl -H 'Cookie: a=1; b=2' ...`, prose, a dict) it loses its
+# value: a quoted one, or an optional scheme word and tokens joined by `,`/`;`
+# (`Bearer x`, `a=1; b=2`, `Digest user="b", response="..."`), so that the
+# prose after it stays. A quote not closed runs to the end of the line.
+_TOKEN = r"""(?:[^\s"',;]|"[^"\r\n]*"?)+"""
+_HEADER_VALUE = (rf"(?:[A-Za-z][\w-]*[ \t]+(?=[^\s,;]))?{_TOKEN}"
+                 rf"(?:[,;][ \t]*{_TOKEN})*")
+_HEADER_KEY = (rf"(?<![\w.-])((?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})"
+               rf"\\?[\"']?[ \t]*[:=][ \t]*)")
 _HEADER_RE = re.compile(
-    rf"(?i)(?<![\w.-])((?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})\\?[\"']?[ \t]*[:=][ \t]*)"
-    rf"((?:{_QUOTED})(?=[ \t]*(?:[,;}}\]\r\n]|\Z))|[^\r\n]+)"
+    rf"(?i){_HEADER_KEY}((?:{_QUOTED})(?=[ \t]*(?:[,;}}\]\r\n]|\Z))|{_HEADER_VALUE})"
 )
 _SCHEME_WORD_RE = re.compile(
     r"(?i)(?<![\w-])(bearer|basic|token)[ \t]+([A-Za-z0-9._~+/=-]{8,})"
@@ -162,6 +176,7 @@ class Redactor:
 
     def text(self, value: str) -> str:
         value = _PEM_RE.sub(MASK, value)
+        value = _LINE_HEADER_RE.sub(lambda m: m.group(1) + MASK, value)
         value = _HEADER_RE.sub(_header, value)
         value = _URL_RE.sub(lambda m: f"{m.group(1)}:{MASK}@", value)
         value = _KNOWN_RE.sub(MASK, value)
@@ -211,9 +226,12 @@ _PEM_OPEN_RE = re.compile(
     r"(?:(?!-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----).)*|[A-Z0-9 ]*)\Z",
     re.DOTALL,
 )
-_HEADER_OPEN_RE = re.compile(
-    rf"(?i)(?<![\w.-])(?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})\\?[\"']?[ \t]*[:=]"
-)
+_LINE_HEADER_OPEN_RE = re.compile(
+    rf"(?i)[ \t]*(?:[<>][ \t]*)?(?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})[ \t]*:")
+_HEADER_KEY_RE = re.compile(rf"(?i){_HEADER_KEY}")
+_HEADER_VALUE_RE = re.compile(_HEADER_VALUE)
+_SCHEME_ONLY_RE = re.compile(r"[A-Za-z][\w-]*[ \t]+\Z")
+_MORE_RE = re.compile(r"[,;][ \t]*\Z")
 _QUOTE_OPEN_RE = re.compile(rf"({_KEY})(?:{_SEP})(\\?[\"'])")
 _QUOTED_RE = re.compile(_QUOTED)
 _HEADER_CLOSED_RE = re.compile(rf"[ \t]*(?:{_QUOTED})[ \t]*[,;}}\]\r\n]")
@@ -225,18 +243,19 @@ def open_from(text: str) -> int | None:
     """Where a region that may hold a secret starts and has not ended by the
     end of `text` (None: no such region). Text must not be cut inside one:
     a private key block with no END yet; on the last line, a credential
-    header (`Cookie: ...`), a quoted value after a secret key with no closing
-    quote, or a last word after which a secret follows (`Bearer `,
-    `password = `, `--password `, `-u `)."""
+    header that starts the line (`Cookie: ...`), one inside the line whose
+    value may go on (`Cookie: a=1; `), a quoted value after a secret key with
+    no closing quote, or a last word after which a secret follows
+    (`Bearer `, `password = `, `--password `, `-u `)."""
     starts: list[int] = []
     pem = text.rfind("-----BEGIN ")
     if pem >= 0 and _PEM_OPEN_RE.match(text, pem):
         starts.append(pem)
     line = max(text.rfind("\n"), text.rfind("\r")) + 1
-    for header in _HEADER_OPEN_RE.finditer(text, line):
-        # Only a quoted value followed by what ends it (`,`, `}`...) ends the
-        # header before the line does; more text may yet follow a bare quote.
-        if not _HEADER_CLOSED_RE.match(text, header.end()):
+    if _LINE_HEADER_OPEN_RE.match(text, line):
+        starts.append(line)
+    for header in _HEADER_KEY_RE.finditer(text, line):
+        if _header_open(text, header.end()):
             starts.append(header.start())
             break
     for m in _QUOTE_OPEN_RE.finditer(text, line):
@@ -248,6 +267,36 @@ def open_from(text: str) -> int | None:
                              or last.group(1).lower() in _INTRODUCERS):
         starts.append(last.start())
     return min(starts) if starts else None
+
+
+def _header_open(text: str, at: int) -> bool:
+    """Whether a header value inside a line, starting at `at`, may go on:
+    not begun, only its scheme word so far, ending in `,`/`;` or an open
+    quote, or running to the end of text."""
+    if _HEADER_CLOSED_RE.match(text, at):
+        return False  # a quoted value followed by what ends it (`,`, `}`...)
+    if at == len(text) or _SCHEME_ONLY_RE.match(text, at):
+        return True
+    value = _HEADER_VALUE_RE.match(text, at)
+    if value is None:
+        return True  # an open quote (`Cookie: "a b`)
+    return value.end() == len(text) or bool(_MORE_RE.match(text, value.end()))
+
+
+_LINE_KEY_NAMES = ("authorization", "cookie", "cookies")
+_LAST_WORD_ONLY_RE = re.compile(
+    r"[ \t]*(?:[<>][ \t]*)?(?=[\w.-])(?:[\w.-]*[_-])?([a-zA-Z]*)[ \t]*\Z")
+
+
+def _may_be_header(text: str, at: int) -> bool:
+    """Whether a credential header's name starts at `at`, or may yet: the
+    text from there is one word so far that could grow into one (`Cook`,
+    `Set-Coo`, `X-Goog-Authoriz`)."""
+    if _LINE_HEADER_OPEN_RE.match(text, at):
+        return True
+    word = _LAST_WORD_ONLY_RE.match(text, at)
+    return word is not None and any(k.startswith(word.group(1).lower())
+                                    for k in _LINE_KEY_NAMES)
 
 
 class StreamHoldback:
@@ -328,7 +377,12 @@ class StreamHoldback:
                 return 0
             tries += 1
             head = text[:i]
-            if open_from(head) is None:
+            # Not just before a header inside a line (or a word that may yet
+            # become one, or a word not seen yet): its piece would start with
+            # it, and a header that starts a piece loses the whole line.
+            if text[i - 1] not in "\r\n" and (i == len(text) or _may_be_header(text, i)):
+                pass
+            elif open_from(head) is None:
                 whole = self.redactor.text(text) if whole is None else whole
                 if self.redactor.text(head) + self.redactor.text(text[i:]) == whole:
                     return i
