@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runlease.core.redact import MASK
+from runlease.core.redact import MASK, Redactor
 from runlease.db.connect import make_pool
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
@@ -146,3 +146,14 @@ async def test_a_run_result_is_redacted(live_store: RunStore) -> None:
     run = await live_store.get(lease.run_id)
     assert run.result_json == {"answer": f"use password={MASK}", "token": MASK,
                                "n": result["n"]}
+
+
+async def test_a_worker_redacts_its_log_lines_with_its_own_patterns(db_url: str) -> None:
+    from runlease import logs
+    from tests.support.workers import running_worker
+
+    try:
+        async with running_worker(db_url, redact_patterns=("PLANT-[0-9]+",)):
+            assert logs._redactor.text("error near PLANT-4711") == f"error near {MASK}"
+    finally:
+        logs.use_redactor(Redactor())

@@ -87,8 +87,9 @@ class WorkerSettings(ReaperSettings):
     metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")
     log_json: bool = setting(False, "Log one JSON object per line.")
     redact_patterns: tuple[str, ...] = setting(
-        (), "Extra regular expressions whose matches are redacted from stored error "
-            "messages and events (comma-separated in the environment).")
+        (), "Extra regular expressions whose matches are redacted from everything stored "
+            "(results, error messages, events, step results) and from log lines "
+            "(comma-separated in the environment).")
 
     def check(self) -> None:
         if self.lease_s:

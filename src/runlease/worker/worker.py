@@ -23,7 +23,7 @@ import os
 import signal
 from uuid import UUID
 
-from runlease import metrics
+from runlease import logs, metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
@@ -101,7 +101,9 @@ class Worker:
         pool = make_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
                          prepare=s.prepared_statements, application_name="runlease-worker")
         await pool.open(wait=False)
-        self.store = RunStore(pool, redactor=Redactor(s.redact_patterns))
+        redactor = Redactor(s.redact_patterns)
+        logs.use_redactor(redactor)  # log lines pass the same rules as what is stored
+        self.store = RunStore(pool, redactor=redactor)
         try:
             # The pool row is the one source of the lease (claims, heartbeats
             # and the fence all use what it said at start) and of the
