@@ -3,7 +3,8 @@
     python bench/scale.py [--database-url URL] [--quick] [--json]
 
 Target 1, claim flat under backlog: an uncapped tenant's claim+ack rate (one
-connection, claim 1 then ack, RunStore) on an empty pool, then with a
+connection, claim 1 then ack, RunStore; twice each, alternated, the best
+of each kept) on an empty pool, then with a
 backlog of pending runs of tenants at their caps (each holds its cap of
 leased runs), runs in backoff (available in an hour) of other tenants,
 placed at the head of the fair order where a retry lands, and the same
@@ -23,7 +24,9 @@ backlog, p99 of a few calls.
 
 Targets 4-7 are measured elsewhere (tests/integration/test_feeds_scale.py,
 bench/throughput.py, bench/soak.py) or not yet; they are listed with no
-value. Without --database-url a durable embedded PostgreSQL is started.
+value. Without --database-url an embedded PostgreSQL is started, with
+fsync off unless --durable: what is measured is the work of a statement,
+and on a shared machine a commit's fsync is mostly the neighbours' noise.
 Figures are printed; nothing here asserts a speed.
 """
 
@@ -43,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
 
 from runlease.db.connect import make_pool
-from runlease.db.models import Pool
 from runlease.db.queries import sql
 from runlease.db.store import NewRun, RunStore
 
@@ -131,7 +133,6 @@ def target1(url: str, quick: bool) -> dict[str, Any]:
         conn.execute("INSERT INTO agent_run_tenant_limits (pool, tenant_id, max_in_flight)"
                      " SELECT 'work', 'capped-' || t, %s FROM generate_series(1, %s) t",
                      (CAP, CAPPED_TENANTS))
-    empty = claim_rate(empty_db, "work", runs)
     db = fresh_database(url, "scale_backlog")
     t0 = time.perf_counter()
     load_backlog(db, "work", capped, delayed)
@@ -140,7 +141,14 @@ def target1(url: str, quick: bool) -> dict[str, Any]:
         conn.execute("INSERT INTO agent_run_pools (name, paused) VALUES ('sleeping', true)")
     load_backlog(db, "sleeping", capped // 2, delayed // 2)
     load_s = time.perf_counter() - t0
-    backlog = claim_rate(db, "work", runs)
+    # Alternated and the best of each kept: the machine is shared, and a
+    # neighbour's burst should not decide the ratio.
+    empties, backlogs = [], []
+    for _ in range(2):
+        empties.append(claim_rate(empty_db, "work", runs))
+        backlogs.append(claim_rate(db, "work", runs))
+    empty = max(empties, key=lambda r: r["rate"])
+    backlog = max(backlogs, key=lambda r: r["rate"])
     stats = queue_stats_p99(db, "work")
     return {"capped_pending": capped, "delayed": delayed, "paused_pool_pending":
             capped // 2 + delayed // 2, "claimed": runs, "load_s": load_s,
@@ -192,7 +200,8 @@ def target2(url: str, quick: bool) -> dict[str, Any]:
             f"INSERT INTO agent_runs (id, pool, tenant_id, status, input_json, attempts,"
             f"                        lease_epoch, locked_by, locked_until, created_at)"
             f" SELECT {uuid7_sql('2 hours', 'i')}, 'work', 't' || (i %% 100), 'leased', '{{}}',"
-            f"        1, 1, CASE WHEN i <= 10000 THEN 'hb-0' ELSE 'hb-' || (i %% 9 + 1) END, now() + interval '1 hour',"
+            f"        1, 1, CASE WHEN i <= 10000 THEN 'hb-0' ELSE 'hb-' || (i %% 9 + 1) END,"
+            f"        now() + interval '1 hour',"
             f"        now() - interval '2 hours'"
             f"   FROM generate_series(1, %s) i", (live,))
         conn.execute("VACUUM ANALYZE agent_runs")
@@ -278,11 +287,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller backlogs (minutes)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", choices=("1", "2"), help="one target's measurement")
+    ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     args = ap.parse_args()
-    with server(args.database_url) as url:
+    with server(args.database_url, durable=args.durable) as url:
         t1 = target1(url, args.quick) if args.only in (None, "1") else None
         t2 = target2(url, args.quick) if args.only in (None, "2") else None
-    result = {"quick": args.quick, "machine": machine(), "date": time.strftime("%Y-%m-%d"),
+    result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
+              "date": time.strftime("%Y-%m-%d"),
               "claim": t1, "leases": t2, "targets": targets(t1, t2)}
     if args.json:
         emit_json(result)
