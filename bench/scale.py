@@ -77,12 +77,20 @@ def load_backlog(url: str, pool: str, capped: int, delayed: int) -> None:
             f" SELECT gen_random_uuid(), %s, 'capped-' || (i %% {CAPPED_TENANTS} + 1), 'pending',"
             f"        i / {CAPPED_TENANTS}, '{{}}'"
             f"   FROM generate_series(0, %s - 1) i", (pool, per_tenant * CAPPED_TENANTS))
+        # As run_nack leaves them: since migration 0005 flagged `delayed`.
+        flagged = conn.execute(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'agent_runs' AND column_name = 'delayed'").fetchone()
         conn.execute(
             "INSERT INTO agent_runs (id, pool, tenant_id, status, fair_seq, input_json,"
             "                        attempts, available_at)"
             " SELECT gen_random_uuid(), %s, 'retrying-' || (i %% 100), 'pending', i / 100, '{}',"
             "        1, now() + interval '1 hour'"
             "   FROM generate_series(0, %s - 1) i", (pool, delayed))
+        if flagged and flagged[0]:
+            conn.execute("UPDATE agent_runs SET delayed = true"
+                         " WHERE pool = %s AND status = 'pending' AND available_at > now()",
+                         (pool,))
         conn.execute(
             "INSERT INTO agent_runs (id, pool, tenant_id, status, fair_seq, input_json,"
             "                        attempts, lease_epoch, locked_by, locked_until)"

@@ -98,8 +98,8 @@ DECLARE
     v_round         integer := 0;
     v_need          integer;
     v_window        integer;
-    v_bound         bigint;
     v_eligible      text[];
+    v_due           uuid[];
 BEGIN
     SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s, p.paused,
            p.default_max_in_flight IS NOT NULL
@@ -143,14 +143,16 @@ BEGIN
 
     -- Runs whose backoff is over become ready (a bounded batch per claim;
     -- what is left over is promoted by the next claims).
-    UPDATE agent_runs r
-       SET delayed = false
-     WHERE r.id IN (SELECT d.id FROM agent_runs d
-                     WHERE d.pool = p_pool AND d.status = 'pending' AND d.delayed
-                       AND d.available_at <= v_now
-                     ORDER BY d.available_at
-                     LIMIT 1000
-                       FOR UPDATE SKIP LOCKED);
+    SELECT array_agg(d.id) INTO v_due
+      FROM (SELECT d.id FROM agent_runs d
+             WHERE d.pool = p_pool AND d.status = 'pending' AND d.delayed
+               AND d.available_at <= v_now
+             ORDER BY d.available_at
+             LIMIT 1000
+               FOR UPDATE SKIP LOCKED) d;
+    IF v_due IS NOT NULL THEN
+        UPDATE agent_runs r SET delayed = false WHERE r.id = ANY (v_due);
+    END IF;
 
     -- The places: the head of the pool's fair order among tenants that may
     -- claim, merged from each one's own line. The tenants with ready runs
@@ -176,9 +178,9 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Each round looks at a window of the merged order: v_window runs, all at
-    -- or before v_bound, the v_window-th smallest of the tenants' heads (so
-    -- a tenant whose line starts later is not read). Rows another claimer
+    -- Each round looks at a window of the merged order: v_window runs, none
+    -- after the v_window-th smallest of the tenants' heads (so a tenant
+    -- whose line starts later is not read). Rows another claimer
     -- holds are passed over (SKIP LOCKED); the next round looks past them
     -- with a wider window.
     v_slot_ids := '{}';
@@ -188,23 +190,26 @@ BEGIN
         v_round := v_round + 1;
         v_need := p_n - cardinality(v_slot_ids);
         v_window := v_window * 4;
-        SELECT h.fair_seq INTO v_bound
-          FROM unnest(v_eligible) AS t (tenant_id)
-         CROSS JOIN LATERAL (
-                SELECT r.fair_seq FROM agent_runs r
-                 WHERE r.pool = p_pool AND r.tenant_id = t.tenant_id
-                   AND r.status = 'pending' AND NOT r.delayed
-                   AND r.available_at <= v_now
-                   AND r.id <> ALL (v_seen)
-                 ORDER BY r.fair_seq, r.id
-                 LIMIT 1
-               ) h
-         ORDER BY h.fair_seq
-        OFFSET v_window - 1
-         LIMIT 1;
-        IF NOT FOUND THEN
-            v_bound := 9223372036854775807;  -- fewer tenants than the window
-        END IF;
+        -- One statement, so one snapshot: the window holds v_window runs
+        -- whenever that many are there to find.
+        WITH heads AS (
+            SELECT h.fair_seq
+              FROM unnest(v_eligible) AS t (tenant_id)
+             CROSS JOIN LATERAL (
+                    SELECT r.fair_seq FROM agent_runs r
+                     WHERE r.pool = p_pool AND r.tenant_id = t.tenant_id
+                       AND r.status = 'pending' AND NOT r.delayed
+                       AND r.available_at <= v_now
+                       AND r.id <> ALL (v_seen)
+                     ORDER BY r.fair_seq, r.id
+                     LIMIT 1
+                   ) h
+        ), bound AS (
+            -- Fewer tenants than the window: no bound.
+            SELECT coalesce((SELECT heads.fair_seq FROM heads ORDER BY heads.fair_seq
+                             OFFSET v_window - 1 LIMIT 1),
+                            9223372036854775807) AS fair_seq
+        )
         SELECT array_agg(c.id ORDER BY c.fair_seq, c.id)
           INTO v_cand
           FROM (SELECT h.id, h.fair_seq
@@ -213,7 +218,7 @@ BEGIN
                         SELECT r.id, r.fair_seq FROM agent_runs r
                          WHERE r.pool = p_pool AND r.tenant_id = t.tenant_id
                            AND r.status = 'pending' AND NOT r.delayed
-                           AND r.fair_seq <= v_bound
+                           AND r.fair_seq <= (SELECT bound.fair_seq FROM bound)
                            AND r.available_at <= v_now
                            AND r.id <> ALL (v_seen)
                          ORDER BY r.fair_seq, r.id
