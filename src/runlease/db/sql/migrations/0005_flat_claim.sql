@@ -99,6 +99,7 @@ DECLARE
     v_need          integer;
     v_window        integer;
     v_eligible      text[];
+    v_k             integer;
     v_due           uuid[];
 BEGIN
     SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s, p.paused,
@@ -178,9 +179,9 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Each round looks at a window of the merged order: v_window runs, none
-    -- after the v_window-th smallest of the tenants' heads (so a tenant
-    -- whose line starts later is not read). Rows another claimer
+    -- Each round looks at a window of the merged order, v_window runs
+    -- (p_n, then 4 times more each round), none after a bound taken from the
+    -- tenants' lines (so a tenant whose line starts later is not read). Rows another claimer
     -- holds are passed over (SKIP LOCKED); the next round looks past them
     -- with a wider window.
     v_slot_ids := '{}';
@@ -189,10 +190,17 @@ BEGIN
     LOOP
         v_round := v_round + 1;
         v_need := p_n - cardinality(v_slot_ids);
-        v_window := v_window * 4;
+        IF v_round > 1 THEN
+            v_window := v_window * 4;
+        END IF;
+        -- The bound: with k = ceil(window / tenants), the j-th smallest of
+        -- the tenants' k-th runs, j = ceil(window / k): j tenants have k runs
+        -- each at or before it, so the window's runs all are. Each tenant
+        -- then gives about window / tenants runs, not a whole window.
+        v_k := ceil(v_window::numeric / cardinality(v_eligible))::integer;
         -- One statement, so one snapshot: the window holds v_window runs
         -- whenever that many are there to find.
-        WITH heads AS (
+        WITH kth AS (
             SELECT h.fair_seq
               FROM unnest(v_eligible) AS t (tenant_id)
              CROSS JOIN LATERAL (
@@ -202,12 +210,13 @@ BEGIN
                        AND r.available_at <= v_now
                        AND r.id <> ALL (v_seen)
                      ORDER BY r.fair_seq, r.id
+                    OFFSET v_k - 1
                      LIMIT 1
                    ) h
         ), bound AS (
-            -- Fewer tenants than the window: no bound.
-            SELECT coalesce((SELECT heads.fair_seq FROM heads ORDER BY heads.fair_seq
-                             OFFSET v_window - 1 LIMIT 1),
+            -- Too few tenants with k runs: no bound.
+            SELECT coalesce((SELECT kth.fair_seq FROM kth ORDER BY kth.fair_seq
+                             OFFSET ceil(v_window::numeric / v_k)::integer - 1 LIMIT 1),
                             9223372036854775807) AS fair_seq
         )
         SELECT array_agg(c.id ORDER BY c.fair_seq, c.id)
