@@ -1,4 +1,9 @@
-"""Logging set-up: stable event names first, `key=value` after; JSON on request."""
+"""Logging set-up: stable event names first, `key=value` after; JSON on request.
+
+Every line passes the redactor (message, exception and stack text): a log
+line quotes errors, URLs and tool output as freely as a stored error does,
+and logs are shipped and kept where run data is not.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,28 @@ import logging
 import sys
 import time
 
+from runlease.core.redact import DEFAULT_REDACTOR, Redactor
+
+_redactor: Redactor = DEFAULT_REDACTOR
+
+
+def use_redactor(redactor: Redactor) -> None:
+    """Redact log lines with this redactor from now on (say, once settings
+    with extra `redact_patterns` are loaded)."""
+    global _redactor
+    _redactor = redactor
+
+
+class RedactingFormatter(logging.Formatter):
+    """The standard line, redacted as a whole (exception and stack included)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return _redactor.text(super().format(record))
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
+        message = _redactor.text(record.getMessage())
         event, _, rest = message.partition(" ")
         out: dict[str, object] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -25,13 +48,18 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         out["message"] = message
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            out["exception"] = _redactor.text(self.formatException(record.exc_info))
+        if record.stack_info:
+            out["stack"] = _redactor.text(self.formatStack(record.stack_info))
         return json.dumps(out, default=str)
 
 
-def configure(level: str = "INFO", *, json_lines: bool = False) -> None:
+def configure(level: str = "INFO", *, json_lines: bool = False,
+              redactor: Redactor | None = None) -> None:
+    if redactor is not None:
+        use_redactor(redactor)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json_lines else logging.Formatter(
+    handler.setFormatter(JsonFormatter() if json_lines else RedactingFormatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

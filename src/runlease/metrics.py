@@ -11,6 +11,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from runlease.core.states import Outcome
+
 
 @lru_cache(maxsize=8192)
 def child(metric: Any, *labels: str) -> Any:
@@ -27,8 +29,7 @@ _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800
 RUNS_CLAIMED = Counter("runlease_runs_claimed_total", "Runs claimed by this worker.", ["pool"])
 RUNS_FINISHED = Counter(
     "runlease_runs_finished_total",
-    "Runs this worker finished, by outcome: done, retrying, dead, cancelled, released, "
-    "lease_lost, self_fenced.",
+    f"Runs this worker finished, by outcome: {', '.join(Outcome)}.",
     ["pool", "outcome"],
 )
 RUNS_IN_FLIGHT = Gauge("runlease_runs_in_flight", "Runs this worker holds now.",

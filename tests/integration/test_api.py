@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -14,15 +13,9 @@ import pytest
 
 from runlease.client import AsyncClient, RunEnded, RunView, SseParser, StreamEvent
 from runlease.db.store import RunStore
-from tests.support.api import Api, serve_api
+from tests.support.api import Api
 from tests.support.waiting import until
 from tests.support.workers import running_worker
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with serve_api(db_url) as served:
-        yield served
 
 
 def count_runs(db_url: str) -> int:

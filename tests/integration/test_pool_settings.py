@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,16 +22,9 @@ from runlease.errors import ValidationError
 from runlease.services.leader import LeaderElector
 from runlease.services.reaper import Reaper
 from runlease.worker.context import RunContext
-from tests.support.api import Api, serve_api
+from tests.support.api import Api
 from tests.support.waiting import until
 from tests.support.workers import running_worker
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    async with serve_api(db_url) as served:
-        yield served
-
 
 # -- priority bands through the HTTP API ------------------------------------------------
 

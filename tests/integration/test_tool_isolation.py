@@ -160,6 +160,25 @@ async def test_a_pool_grant_passes_a_variable_but_never_the_database_url(
     assert "RUNLEASE_DATABASE_URL" not in env  # granted, and still refused
 
 
+async def test_the_pools_tool_env_is_what_a_worker_grants(
+    live_store: RunStore, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant comes from the pool row the worker reads at start, not from
+    the worker's own options."""
+    from runlease.db.models import Pool
+
+    monkeypatch.setenv("GRANTED_VAR", "granted-value")
+    monkeypatch.setenv("NOT_GRANTED", "stays-home")
+    await live_store.upsert_pool(Pool("default", tool_env=("GRANTED_VAR",)))
+    queued = await live_store.enqueue("default", "acme", {"steps": [{"shell": ["env"]}]})
+    async with running_worker(db_url):
+        run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    env = parse_env((await live_store.get_steps(run.id))["0"].result["stdout"])
+    assert env["GRANTED_VAR"] == "granted-value"
+    assert "NOT_GRANTED" not in env
+
+
 def test_the_seal_keeps_the_key_for_the_agent_and_out_of_children() -> None:
     # A fresh interpreter: sealing changes the process's own environment.
     code = """

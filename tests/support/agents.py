@@ -65,7 +65,11 @@ async def counted_steps(ctx: RunContext) -> dict[str, Any]:
 
     async def work(name: str) -> dict[str, Any]:
         line = f"{name} attempt={ctx.attempt}\n"
-        await asyncio.to_thread(lambda: log.open("a").write(line))
+        def append() -> None:
+            with log.open("a") as f:
+                f.write(line)
+
+        await asyncio.to_thread(append)
         return {"name": name, "attempt": ctx.attempt}
 
     first = await ctx.step("first", lambda: work("first"))

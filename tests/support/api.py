@@ -1,4 +1,5 @@
-"""The API served for real (uvicorn on a free port) inside the test's loop."""
+"""The API served for real (uvicorn on a free port) inside the test's loop; a
+pytest plugin (tests/conftest.py) with the `api` fixture."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from runlease.api.app import create_app
 from runlease.api.auth import ADMIN, TokenRegistry
@@ -55,3 +58,10 @@ async def serve_api(db_url: str, **settings: Any) -> AsyncIterator[Api]:
         except TimeoutError:
             server.force_exit = True
             await task
+
+
+@pytest.fixture
+async def api(db_url: str) -> AsyncIterator[Api]:
+    """The API on this test's database, with the tenants of TOKENS and an admin."""
+    async with serve_api(db_url) as served:
+        yield served

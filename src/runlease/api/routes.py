@@ -28,13 +28,17 @@ from runlease.api.schemas import (
     Status,
     StreamToken,
 )
+from runlease.core import bounds
 from runlease.core.states import RunStatus
 from runlease.db.models import Pool, Run
 from runlease.errors import RunNotFound
 
 router = APIRouter(prefix="/v1")
 
-PoolName = Annotated[str | None, Query(min_length=1, max_length=48, pattern=POOL_PATTERN)]
+PoolName = Annotated[str | None, Query(min_length=1, max_length=bounds.POOL_MAX_CHARS,
+                                       pattern=POOL_PATTERN)]
+PoolPath = Annotated[str, Path(min_length=1, max_length=bounds.POOL_MAX_CHARS,
+                               pattern=POOL_PATTERN)]
 Limit = Annotated[int, Query(ge=1, le=500)]
 
 
@@ -199,7 +203,7 @@ async def pools(who: Admin, store: Store) -> list[PoolOut]:
 @router.get("/pools/{pool_name}", response_model=PoolOut,
             responses={404: {"model": ErrorBody, "description": "No such pool."}})
 async def get_pool(
-    pool_name: Annotated[str, Path(min_length=1, max_length=48, pattern=POOL_PATTERN)],
+    pool_name: PoolPath,
     who: Admin, store: Store,
 ) -> PoolOut:
     """One pool and its tenant settings (admin)."""
@@ -211,7 +215,7 @@ async def get_pool(
 
 @router.put("/pools/{pool_name}", response_model=PoolOut)
 async def put_pool(
-    pool_name: Annotated[str, Path(min_length=1, max_length=48, pattern=POOL_PATTERN)],
+    pool_name: PoolPath,
     body: PoolIn, who: Admin, store: Store,
 ) -> PoolOut:
     """Create or update a pool: every setting as given (left out: its default);

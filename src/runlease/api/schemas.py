@@ -9,9 +9,15 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from runlease.core import bounds
-from runlease.db.models import DEFAULT_RETENTION_S, Pool, Run, TenantLimit
+from runlease.core.defaults import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRIORITY_AGING_S,
+    DEFAULT_RETENTION_S,
+)
+from runlease.db.models import Pool, Run, TenantLimit
 
-POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
+POOL_PATTERN = bounds.POOL_PATTERN
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
 
 
@@ -121,12 +127,13 @@ class PoolIn(Strict):
     replaces; `runlease pools upsert` reads the pool first and changes only
     what it is given)."""
 
-    max_attempts: StrictInt = Field(3, ge=bounds.MAX_ATTEMPTS_MIN, le=bounds.MAX_ATTEMPTS_MAX)
-    lease_s: StrictInt = Field(45, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX,
+    max_attempts: StrictInt = Field(DEFAULT_MAX_ATTEMPTS, ge=bounds.MAX_ATTEMPTS_MIN,
+                                    le=bounds.MAX_ATTEMPTS_MAX)
+    lease_s: StrictInt = Field(DEFAULT_LEASE_S, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX,
                                description="Lease length workers claim and renew with "
                                            "(read at worker start).")
     default_max_in_flight: StrictInt | None = Field(None, ge=0, le=bounds.MAX_IN_FLIGHT_MAX)
-    priority_aging_s: StrictInt = Field(60, ge=0, le=bounds.AGING_S_MAX)
+    priority_aging_s: StrictInt = Field(DEFAULT_PRIORITY_AGING_S, ge=0, le=bounds.AGING_S_MAX)
     retention_s: StrictInt = Field(DEFAULT_RETENTION_S, ge=0, le=bounds.RETENTION_S_MAX,
                                    description="Finished runs older than this are deleted; "
                                                "0 keeps them.")

@@ -33,7 +33,10 @@ POOL_MAX_CHARS = 48
 
 # Pool names become part of a NOTIFY channel name (63 bytes at most) and follow
 # Kubernetes naming, since a pool is usually an AgentRunPool's metadata.name.
-_POOL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$")
+# The one definition: the API, the CRD and schema.sql's CHECK use it too
+# (tests/unit/test_constants.py checks that the last two agree).
+POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
+_POOL_RE = re.compile(POOL_PATTERN)
 _PRINTABLE_RE = re.compile(r"^[^\x00-\x20\x7f]+$")
 _EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _ERROR_CODE_RE = _EVENT_KIND_RE

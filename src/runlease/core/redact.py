@@ -1,8 +1,24 @@
-"""One redaction function for everything stored from a run.
+"""One redaction function for everything stored from a run, and for log lines.
 
-Error messages and event data can carry what a tool printed: API keys, bearer
-tokens, database URLs with passwords, private keys. They pass through here
-before they reach the database, and error messages are truncated too.
+Error messages, event data, step results and run results can carry what a
+tool printed: API keys, bearer tokens, cookies, database URLs with
+passwords, private keys. They pass through here before they reach the
+database (and log lines before they reach stderr); error messages are
+truncated too.
+
+Two kinds of rule:
+
+* known shapes: PEM private keys, `Bearer xxx`, `scheme://user:password@`,
+  and key formats that say what they are (`sk-...`, `ghp_...`, `AKIA...`, JWTs);
+* a key that says secret (`password`, `token`, `api_key`, `cookie`,
+  `authorization`, ...), as `key=value`, `key: value`, an HTTP header line or
+  a JSON key: its value goes, whatever it looks like. Keys that only count
+  or describe tokens (`max_tokens=1000`, `token_type`, `tokenizer`) keep
+  their values.
+
+Streamed text is redacted on the assembled message, not piece by piece:
+`StreamHoldback` says how much of the text received so far can be stored
+without cutting a secret in two (see RunContext.delta).
 """
 
 from __future__ import annotations
@@ -13,49 +29,148 @@ from typing import Any
 
 MASK = "[REDACTED]"
 
-_DEFAULT_PATTERNS: tuple[tuple[str, str], ...] = (
-    # PEM private keys, whole block.
-    (
-        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)",
-        MASK,
-    ),
-    # Authorization headers and bearer tokens.
-    (r"(?i)\b(bearer|token|basic)\s+[A-Za-z0-9._~+/=-]{8,}", r"\1 " + MASK),
-    # Passwords in URLs: scheme://user:password@host
-    (r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]+@", r"\1:" + MASK + "@"),
-    # Well-known key formats: OpenAI/Anthropic-style, GitHub, AWS, Slack, Google.
-    (r"\bsk-[A-Za-z0-9_-]{16,}", MASK),
-    (r"\bgh[pousr]_[A-Za-z0-9]{20,}", MASK),
-    (r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", MASK),
-    (r"\bxox[abprs]-[A-Za-z0-9-]{10,}", MASK),
-    (r"\bAIza[0-9A-Za-z_-]{35}\b", MASK),
-    # key=value / "key": "value" pairs whose key says secret (values that are
-    # only digits, such as max_tokens=1000, are counts, not secrets).
-    (
-        r"(?i)([\"']?\b[\w-]*(?:api[_-]?key|secret|password|passwd|token|credential)[\w-]*[\"']?"
-        r"\s*[:=]\s*[\"']?)(?!\d+\b)([^\s\"',;&}]{4,})",
-        r"\1" + MASK,
-    ),
+# A word inside a key that says its value is secret. `auth` and `sig` count
+# only as a whole part of the key (`auth=`, `x-auth-token`), not in `author`.
+_SECRET_WORDS = (
+    r"api[_-]?key|apikey|secret(?!ary)|passw(?:or)?d|passphrase|token(?!i[sz])"
+    r"|credential|cookie|authorization|private[_-]?key"
+    r"|(?:access|account|signing|master|encryption|client|shared|consumer)[_-]?key"
+    r"|session[_-]?key|dsn"
+    r"|(?<![a-z])(?:auth|sig)(?![a-z])|(?<=[_-])pwd(?![a-z])"
+)
+_SECRET_KEY_RE = re.compile(f"(?i)(?:{_SECRET_WORDS})")
+# Keys that count, describe or index model tokens (`max_tokens`, `tokens_used`,
+# `completion_tokens_details`, `token_type`): their values are not secrets.
+# `tokens` is matched with its case so that `tokenSecret` is not taken for it.
+_BENIGN_KEY_RE = re.compile(
+    r"(?:[tT]okens|TOKENS)(?![a-z])"
+    r"|(?i:max[_-]?token|token[_-]?(?:count|limit|len|length|type|ids?|usage|budget|index"
+    r"|position|logprobs?)(?![a-z])|secret[_-]?(?:name|ref)(?![a-z]))"
+)
+# HTTP headers whose whole value is a credential, spaces and `;` included.
+_LINE_KEYS = r"(?:proxy-)?authorization|(?:set-)?cookies?"
+
+_SEP = r"""\\?["']?[ \t]*(?::=|=>|[:=])[ \t]*"""
+# A key: a run of key characters, starting where such a run starts (the
+# look-behind keeps the regex from retrying at every character of a long word).
+_KEY = r"(?<![\w.-])[\w.-]{1,128}"
+# A quoted value: "...", '...', or \"...\" (JSON inside a JSON string).
+_QUOTED = (r"""\\"(?:[^\\\r\n]|\\[^"\r\n])*\\"|"(?:[^"\\\r\n]|\\.)*"|'(?:[^'\\\r\n]|\\.)*'""")
+_BARE = r"""[^\s"',;&}\\]+(?:\\(?!["'])[^\s"',;&}\\]*)*"""
+
+_PEM_RE = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----.*?"
+    r"(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)",
+    re.DOTALL,
+)
+_HEADER_RE = re.compile(
+    rf"(?i)(?<![\w.-])((?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})\\?[\"']?[ \t]*[:=][ \t]*)"
+    rf"((?:{_QUOTED})(?=[ \t]*(?:[,;}}\]\r\n]|\Z))|[^\r\n]+)"
+)
+_SCHEME_WORD_RE = re.compile(
+    r"(?i)(?<![\w-])(bearer|basic|token)[ \t]+([A-Za-z0-9._~+/=-]{8,})"
+)
+_URL_RE = re.compile(
+    # scheme://user:password@ ; the password runs to the last `@` before a
+    # space or quote, so `/`, digits and stray `@`s in it are covered. The
+    # bounds keep a long line of `a://b:` from costing quadratic time.
+    r"(?i)(?<![\w+.-])([a-z][a-z0-9+.-]{0,30}://[^/\s:@\"'<>]{0,256}):([^\s\"'<>]{1,512})@"
+)
+_KNOWN_RE = re.compile(
+    r"\bsk-[A-Za-z0-9_-]{16,}"                      # OpenAI, Anthropic
+    r"|\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,}"      # Stripe
+    r"|\bgh[pousr]_[A-Za-z0-9]{20,}"                # GitHub
+    r"|\bgithub_pat_[A-Za-z0-9_]{22,}"
+    r"|\bglpat-[A-Za-z0-9_-]{20,}"                  # GitLab
+    r"|\bhf_[A-Za-z0-9]{30,}"                       # Hugging Face
+    r"|\bnpm_[A-Za-z0-9]{36}\b"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"      # AWS access key id
+    r"|\bxox[abprse]-[A-Za-z0-9-]{10,}|\bxapp-[A-Za-z0-9-]{10,}"  # Slack
+    r"|\bAIza[0-9A-Za-z_-]{35}\b"                   # Google
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT
+)
+_KEY_SEP_RE = re.compile(rf"({_KEY})({_SEP})")
+_VALUE_RE = re.compile(rf"{_QUOTED}|[\"']?(?:{_BARE})")
+# CLI flags: `--password hunter2`, `curl -u user:pass`.
+_FLAG_RE = re.compile(
+    rf"(?i)(?<![\w.-])(--[\w-]*(?:{_SECRET_WORDS})[\w-]*|-u|--user)[ \t]+"
+    rf"(?!-)({_QUOTED}|{_BARE})"
 )
 
 
-_SECRET_KEY_RE = re.compile(
-    r"(?i)(api[_-]?key|secret|password|passwd|credential|authorization|private[_-]?key"
-    r"|(access|refresh|auth|api|bearer|session)[_-]?token)"
-)
+def is_secret_key(key: str) -> bool:
+    """A key (JSON, `key=value`, a header) whose value is a secret."""
+    return bool(_SECRET_KEY_RE.search(key)) and not _BENIGN_KEY_RE.search(key)
+
+
+def _scheme_word(m: re.Match[str]) -> str:
+    word, value = m.group(1), m.group(2)
+    if word.lower() != "bearer" and (
+            re.search(r"=[^=]", value) or re.match(r"[\"']?[ \t]*:", m.string[m.end():])):
+        return m.group(0)  # `basic max_tokens=10`, `basic note: x`: a key, not base64
+    # `Bearer x` is always a credential; after `basic` or `token` prose is
+    # common ("a basic understanding"), so the value must look like one:
+    # a digit, a symbol, or an upper-case letter past the first.
+    if word.lower() == "bearer" or re.search(r"[0-9._~+/=-]|.[A-Z]", value):
+        return f"{word} {MASK}"
+    return m.group(0)
+
+
+_QUOTE_RE = re.compile(r"""\\?["']""")
+
+
+def _kv_sub(text: str) -> str:
+    """Mask the value of every `key=value` whose key says secret. The value
+    is read only after a secret key, so `note: password=x` is seen as the
+    pair it holds, and a long line of pairs costs linear time."""
+    out: list[str] = []
+    pos = 0
+    while (m := _KEY_SEP_RE.search(text, pos)) is not None:
+        value = _VALUE_RE.match(text, m.end()) if is_secret_key(m.group(1)) else None
+        if value is None or value.group(0) in ('""', "''"):
+            out.append(text[pos:m.end()])
+            pos = m.end()
+            continue
+        v = value.group(0)
+        q = _QUOTE_RE.match(v)
+        quote = q.group(0) if q else ""
+        closed = quote and len(v) >= 2 * len(quote) and v.endswith(quote)
+        out.append(f"{text[pos:m.end()]}{quote}{MASK}{quote if closed else ''}")
+        pos = value.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _flag(m: re.Match[str]) -> str:
+    flag = m.group(1)
+    if flag in ("-u", "--user") and ":" not in m.group(2):
+        return m.group(0)  # a user name alone is not a secret
+    return f"{flag} {MASK}"
+
+
+def _header(m: re.Match[str]) -> str:
+    quote = _QUOTE_RE.match(m.group(2))
+    q = quote.group(0) if quote and m.group(2).endswith(quote.group(0)) else ""
+    return f"{m.group(1)}{q}{MASK}{q}"
 
 
 class Redactor:
-    """Applies the default patterns plus any configured ones, in order."""
+    """Applies the default rules plus any configured patterns, in order."""
 
     def __init__(self, extra_patterns: Iterable[str] = ()) -> None:
-        compiled = [(re.compile(p, re.DOTALL), r) for p, r in _DEFAULT_PATTERNS]
-        compiled += [(re.compile(p), MASK) for p in extra_patterns]
-        self._patterns = compiled
+        self._extra = [re.compile(p) for p in extra_patterns]
 
     def text(self, value: str) -> str:
-        for pattern, replacement in self._patterns:
-            value = pattern.sub(replacement, value)
+        value = _PEM_RE.sub(MASK, value)
+        value = _HEADER_RE.sub(_header, value)
+        value = _URL_RE.sub(lambda m: f"{m.group(1)}:{MASK}@", value)
+        value = _KNOWN_RE.sub(MASK, value)
+        value = _FLAG_RE.sub(_flag, value)
+        value = _kv_sub(value)
+        # Last: `bearer` must not take a key (`bearer password: x`) for its value.
+        value = _SCHEME_WORD_RE.sub(_scheme_word, value)
+        for pattern in self._extra:
+            value = pattern.sub(MASK, value)
         return value
 
     def message(self, value: str, max_chars: int) -> str:
@@ -66,14 +181,16 @@ class Redactor:
         return value
 
     def json(self, value: Any) -> Any:
-        """Redact every string (keys included) in a JSON-like structure."""
+        """Redact every string (keys included) in a JSON-like structure: a run
+        result, a step result, event data."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            # {"api_key": "..."}: the key says secret, so the whole value goes.
+            # {"api_key": ...}: the key says secret, so the whole value goes,
+            # whatever its type (a PIN is a number, credentials an object).
             return {
                 self.text(str(k)): MASK
-                if isinstance(v, str) and _SECRET_KEY_RE.search(str(k))
+                if is_secret_key(str(k)) and v is not None and not isinstance(v, bool)
                 else self.json(v)
                 for k, v in value.items()
             }
@@ -83,3 +200,150 @@ class Redactor:
 
 
 DEFAULT_REDACTOR = Redactor()
+
+
+# -- streamed text ---------------------------------------------------------------
+
+# Regions that a secret may still be running through at the end of a text
+# (see open_from). All but private key blocks end at the end of a line.
+_PEM_OPEN_RE = re.compile(
+    r"-----BEGIN (?:[A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----"
+    r"(?:(?!-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----).)*|[A-Z0-9 ]*)\Z",
+    re.DOTALL,
+)
+_HEADER_OPEN_RE = re.compile(
+    rf"(?i)(?<![\w.-])(?:[\w.-]{{0,64}}?[_-])?(?:{_LINE_KEYS})\\?[\"']?[ \t]*[:=]"
+)
+_QUOTE_OPEN_RE = re.compile(rf"({_KEY})(?:{_SEP})(\\?[\"'])")
+_QUOTED_RE = re.compile(_QUOTED)
+_HEADER_CLOSED_RE = re.compile(rf"[ \t]*(?:{_QUOTED})[ \t]*[,;}}\]\r\n]")
+_LAST_WORD_RE = re.compile(rf"({_KEY})(?:{_SEP})?[ \t]*\Z")
+_INTRODUCERS = ("bearer", "basic", "token", "-u", "--user")
+
+
+def open_from(text: str) -> int | None:
+    """Where a region that may hold a secret starts and has not ended by the
+    end of `text` (None: no such region). Text must not be cut inside one:
+    a private key block with no END yet; on the last line, a credential
+    header (`Cookie: ...`), a quoted value after a secret key with no closing
+    quote, or a last word after which a secret follows (`Bearer `,
+    `password = `, `--password `, `-u `)."""
+    starts: list[int] = []
+    pem = text.rfind("-----BEGIN ")
+    if pem >= 0 and _PEM_OPEN_RE.match(text, pem):
+        starts.append(pem)
+    line = max(text.rfind("\n"), text.rfind("\r")) + 1
+    for header in _HEADER_OPEN_RE.finditer(text, line):
+        # Only a quoted value followed by what ends it (`,`, `}`...) ends the
+        # header before the line does; more text may yet follow a bare quote.
+        if not _HEADER_CLOSED_RE.match(text, header.end()):
+            starts.append(header.start())
+            break
+    for m in _QUOTE_OPEN_RE.finditer(text, line):
+        if is_secret_key(m.group(1)) and not _QUOTED_RE.match(text, m.start(2)):
+            starts.append(m.start())
+            break
+    last = _LAST_WORD_RE.search(text, line)
+    if last is not None and (is_secret_key(last.group(1))
+                             or last.group(1).lower() in _INTRODUCERS):
+        starts.append(last.start())
+    return min(starts) if starts else None
+
+
+class StreamHoldback:
+    """Text that arrives in pieces (a model's deltas), handed out in pieces
+    that never cut a secret in two.
+
+    `feed` takes the next piece and returns the prefix of everything held
+    that is safe to store now; the rest (the last word, and any region that
+    a secret may still be running through, see open_from) is held. A cut
+    falls only after whitespace, outside open regions, and where redacting
+    the two sides apart gives what redacting them together gives, so even a
+    configured pattern that spans whitespace is not cut once its match is
+    complete. `end` returns what is still held, at the end of the message.
+
+    The hold is bounded: past `max_chars` with no safe cut, what is held is
+    replaced by one MASK and what follows is dropped until the region ends
+    (its next safe cut): a secret is never stored in pieces; a very long
+    word, or text after an unterminated key block, is lost instead.
+    What is returned still has to pass Redactor.text (the store does that).
+    """
+
+    def __init__(self, redactor: Redactor, max_chars: int = 16 * 1024) -> None:
+        self.redactor = redactor
+        self.max_chars = max_chars
+        self.held = ""
+        # While dropping: the start of the masked region, so that open_from
+        # still sees it open (a key block's BEGIN line, `Cookie:`).
+        self._dropped: str | None = None
+
+    def feed(self, text: str) -> str:
+        self.held += text
+        if self._dropped is not None and not self._end_drop():
+            return ""
+        cut = self._cut(self.held)
+        if cut:
+            out, self.held = self.held[:cut], self.held[cut:]
+            return out
+        if len(self.held) > self.max_chars:
+            start = open_from(self.held) or 0
+            self._dropped, self.held = self.held[start:start + 512], ""
+            return MASK
+        return ""
+
+    @property
+    def holding(self) -> bool:
+        """Text is held, or a masked region is being dropped."""
+        return bool(self.held) or self._dropped is not None
+
+    def end(self) -> str:
+        if self._dropped is not None:
+            self._end_drop(final=True)
+        held, self.held, self._dropped = self.held, "", None
+        return held
+
+    def _end_drop(self, *, final: bool = False) -> bool:
+        """Drop held text up to the end of the masked region; True once it ended."""
+        assert self._dropped is not None
+        context = self._dropped
+        for i in _cuts(self.held):
+            if open_from(context + self.held[:i]) is None:
+                # Keep the whitespace that ended the region.
+                self.held, self._dropped = self.held[i - 1:], None
+                return True
+        # Still inside: keep only a tail, enough to see where the region ends.
+        self.held = "" if final else self.held[-1024:]
+        return False
+
+    def _cut(self, text: str) -> int:
+        """The last safe cut in text (0: none)."""
+        limit = open_from(text)
+        end = len(text) if limit is None else limit
+        whole: str | None = None
+        tries = 0
+        i = end
+        while tries < 8:
+            i = _last_cut(text, i)
+            if i <= 0:
+                return 0
+            tries += 1
+            head = text[:i]
+            if open_from(head) is None:
+                whole = self.redactor.text(text) if whole is None else whole
+                if self.redactor.text(head) + self.redactor.text(text[i:]) == whole:
+                    return i
+            i -= 1
+        return 0
+
+
+def _last_cut(text: str, before: int) -> int:
+    """The largest i <= before just after whitespace (0: none)."""
+    for i in range(before, 0, -1):
+        if text[i - 1].isspace():
+            return i
+    return 0
+
+
+def _cuts(text: str) -> Iterable[int]:
+    """Every i just after whitespace, in order."""
+    return (i + 1 for i, ch in enumerate(text) if ch.isspace())

@@ -55,6 +55,20 @@ class RunStatus(StrEnum):
 TERMINAL = frozenset({RunStatus.DONE, RunStatus.DEAD, RunStatus.CANCELLED})
 
 
+class Outcome(StrEnum):
+    """How one attempt ended on a worker: the `outcome` label of the worker's
+    metrics and of its run_finished log."""
+
+    DONE = "done"
+    RETRYING = "retrying"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    RELEASED = "released"  # drained: back to pending, the attempt not charged
+    LEASE_LOST = "lease_lost"
+    SELF_FENCED = "self_fenced"
+    UNKNOWN = "unknown"  # the worker itself failed; logged with its traceback
+
+
 class ErrorCode(StrEnum):
     """Error codes the queue itself writes; agents may write their own."""
 

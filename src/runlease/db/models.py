@@ -7,6 +7,10 @@ from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
+from runlease.core.defaults import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY_AGING_S
+
+# Re-exported: the operator's spec.py imports it from here.
+from runlease.core.defaults import DEFAULT_RETENTION_S as DEFAULT_RETENTION_S
 from runlease.core.states import RunStatus
 
 _NAMES: dict[type[Any], tuple[str, ...]] = {}
@@ -131,9 +135,6 @@ class Step:
         return cls(**_pick(cls, row))
 
 
-DEFAULT_RETENTION_S = 7 * 24 * 3600
-
-
 @dataclass(frozen=True, slots=True)
 class Pool:
     """A pool's settings: the one source workers, the reaper and the API read.
@@ -145,10 +146,10 @@ class Pool:
     """
 
     name: str
-    max_attempts: int = 3
-    lease_s: int = 45
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    lease_s: int = DEFAULT_LEASE_S
     default_max_in_flight: int | None = None
-    priority_aging_s: int = 60
+    priority_aging_s: int = DEFAULT_PRIORITY_AGING_S
     retention_s: int = DEFAULT_RETENTION_S
     paused: bool = False
     tool_env: tuple[str, ...] = ()

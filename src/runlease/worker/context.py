@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
+from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import Budget, ResultRefused
+from runlease.core.redact import StreamHoldback
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
+from runlease.worker.cancellable_http import CancellableHttp
 from runlease.worker.errors import BudgetExceeded, FatalError, RunCancelled, ToolTimeout
-from runlease.worker.http import CancellableHttp
 from runlease.worker.tools import ToolResult, ToolRunner
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,10 @@ class RunContext:
         tools: ToolRunner,
         started: float | None = None,
         fence: Fence | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.lease = lease
+        self._clock: Clock = clock or SystemClock()
         self._fence = fence
         self.store = store
         # Loaded on the first step(); a first lease (epoch 1) has none to load:
@@ -67,7 +70,7 @@ class RunContext:
         self._steps: dict[str, Step] | None = {} if lease.epoch == 1 else None
         self._cancel = cancel
         self._tools = tools
-        self._started = time.monotonic() if started is None else started
+        self._started = self._clock.monotonic() if started is None else started
         self.budget = Budget.parse(lease.run.budget_json)
         self.turns = 0
         self.tool_calls = 0
@@ -77,6 +80,8 @@ class RunContext:
         self._delta_chars = 0
         self._delta_kind = "message.delta"
         self._delta_flush: asyncio.Task[None] | None = None
+        # The not-yet-safe tail of the current message (see delta).
+        self._hold = StreamHoldback(store.redactor)
         self._flush_error: Exception | None = None
 
     # -- what the run is ------------------------------------------------------
@@ -123,7 +128,7 @@ class RunContext:
     def deadline_left_s(self) -> float | None:
         if self.budget.deadline_s is None:
             return None
-        return self.budget.deadline_s - (time.monotonic() - self._started)
+        return self.budget.deadline_s - (self._clock.monotonic() - self._started)
 
     async def check(self) -> None:
         """Raise RunCancelled after a Stop, BudgetExceeded past the deadline."""
@@ -178,15 +183,22 @@ class RunContext:
                                                                      data or {}))
 
     async def delta(self, text: str, kind: str = "message.delta") -> None:
-        """A token delta; deltas are coalesced into one event per ~50 ms."""
+        """A token delta; deltas are coalesced into one event per ~50 ms.
+
+        A message is redacted as a whole, not per event: each event ends
+        only where no secret can straddle it (after whitespace, outside a
+        `Bearer `/`Cookie:`/key block/`password = "..."` region, see
+        StreamHoldback), and the rest waits for the next deltas or for the
+        end of the message (a delta of another kind, any other write, the
+        end of the run)."""
         self._raise_flush_error()
-        if self._deltas and kind != self._delta_kind:
+        if kind != self._delta_kind and (self._deltas or self._hold.holding):
             await self.flush()
         self._delta_kind = kind
         self._deltas.append(text)
         self._delta_chars += len(text)
         if self._delta_chars >= DELTA_FLUSH_CHARS:
-            await self.flush()
+            await self._flush_deltas(final=False)
         elif self._delta_flush is None:
             self._delta_flush = asyncio.create_task(self._flush_later(), name="delta-flush")
 
@@ -194,7 +206,7 @@ class RunContext:
         await asyncio.sleep(DELTA_FLUSH_S)
         self._delta_flush = None
         try:
-            await self.flush()
+            await self._flush_deltas(final=False)
         except Exception as exc:  # kept, and raised by the agent's next write
             self._flush_error = exc
 
@@ -204,17 +216,30 @@ class RunContext:
             raise error
 
     async def flush(self) -> None:
-        """Write out coalesced deltas now (before any other write, and at the end)."""
+        """Write out coalesced deltas now, held text included: the message
+        ends here (before any other write, and at the end of the run)."""
         if self._delta_flush is not None and asyncio.current_task() is not self._delta_flush:
             self._delta_flush.cancel()
             self._delta_flush = None
         self._raise_flush_error()
-        if not self._deltas:
-            return
+        await self._flush_deltas(final=True)
+
+    async def _flush_deltas(self, *, final: bool) -> None:
+        # Counted from here: a held tail does not make the next delta flush
+        # at once (that would rescan the tail for every delta).
         text, self._deltas, self._delta_chars = "".join(self._deltas), [], 0
-        # One event holds at most DELTA_EVENT_CHARS, well under the event bound.
-        events = [(self._delta_kind, {"text": text[i:i + DELTA_EVENT_CHARS]})
-                  for i in range(0, len(text), DELTA_EVENT_CHARS)]
+        text = self._hold.feed(text) if text else ""
+        if final:
+            text += self._hold.end()
+        if not text:
+            return
+        kind = self._delta_kind
+        if len(text) > DELTA_EVENT_CHARS:
+            # One event holds at most DELTA_EVENT_CHARS, well under the event
+            # bound. The store redacts each event alone, so redact the whole
+            # first: a secret cut in two here is already masked.
+            text = self.store.redactor.text(text)
+        events = [(kind, {"text": piece}) for piece in _pieces(text, DELTA_EVENT_CHARS)]
         async with self._write_lock:
             await self._write(lambda: self.store.record_events(self.lease, events))
 
@@ -276,6 +301,18 @@ class RunContext:
             self._delta_flush.cancel()
             await asyncio.wait({self._delta_flush})
         await self.http.aclose()
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """text in pieces of at most size characters, each ending after the last
+    whitespace in it when there is one."""
+    pieces = []
+    while len(text) > size:
+        cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size)) + 1 or size
+        pieces.append(text[:cut])
+        text = text[cut:]
+    pieces.append(text)
+    return pieces
 
 
 def _now() -> datetime:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Collection
 from typing import Any
 
 from runlease import metrics
+from runlease.clock import Clock, SystemClock
 from runlease.db.connect import Conn, connect
 from runlease.db.models import HeartbeatResult
 from runlease.db.store import RunStore
@@ -41,8 +41,12 @@ class LeaseKeeper(Service):
         interval_s: float,
         prepare: bool = True,
         on_lost: Callable[[RunHandle, StopReason], None],
+        clock: Clock | None = None,
     ) -> None:
         super().__init__()
+        # The worker's monotonic clock: the fence and the heartbeat schedule
+        # are read from it (sleeps are the event loop's own, whatever it says).
+        self.clock: Clock = clock or SystemClock()
         self.store = store
         self.url = url
         self.worker = worker
@@ -53,7 +57,7 @@ class LeaseKeeper(Service):
         self.prepare = prepare
         self.on_lost = on_lost
         self._conn: Conn | None = None
-        self.last_loop = time.monotonic()  # for /healthz
+        self.last_loop = self.clock.monotonic()  # for /healthz
         self.wakeup = asyncio.Event()
         self._closing: set[asyncio.Task[None]] = set()
         self.max_delay_s = 0.0  # the longest stall seen, for tests and /healthz
@@ -64,16 +68,16 @@ class LeaseKeeper(Service):
 
     @property
     def alive(self) -> bool:
-        return self.running and time.monotonic() - self.last_loop < 3 * self.interval_s + 5
+        return self.running and self.clock.monotonic() - self.last_loop < 3 * self.interval_s + 5
 
     async def _main(self) -> None:
         # The renewal runs as its own task: a statement stuck on a cut network
         # must never delay the fence, which this loop checks on time.
-        next_beat = time.monotonic() + self.interval_s
+        next_beat = self.clock.monotonic() + self.interval_s
         beat: asyncio.Task[bool] | None = None
         try:
             while not self.stopping.is_set():
-                self.last_loop = now = time.monotonic()
+                self.last_loop = now = self.clock.monotonic()
                 if beat is not None and beat.done():
                     ok = not beat.cancelled() and beat.result()
                     beat = None
@@ -89,10 +93,10 @@ class LeaseKeeper(Service):
                     [now + self.interval_s, *deadlines])
                 self.wakeup.clear()
                 if not self.stopping.is_set():
-                    await sleep(max(0.0, wake_at - time.monotonic()), self.wakeup)
+                    await sleep(max(0.0, wake_at - self.clock.monotonic()), self.wakeup)
                     # Due (or past due) however it woke: how late it is, is
                     # how long the loop was kept from it.
-                    late = time.monotonic() - wake_at
+                    late = self.clock.monotonic() - wake_at
                     if late >= 0:
                         self.observe_delay(late)
         finally:
@@ -122,7 +126,7 @@ class LeaseKeeper(Service):
         held = {h.run_id: h for h in self.runs if h.writes_allowed}
         if not held:
             return True
-        sent = time.monotonic()
+        sent = self.clock.monotonic()
         # Never wait past the earliest fence deadline: by then the fence has
         # acted, and a statement stuck on a dead socket is abandoned, not awaited.
         budget = max(0.1, min(h.fence_at for h in held.values()) - sent)

@@ -22,14 +22,14 @@ import asyncio
 import contextlib
 import enum
 import logging
-import time
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runlease import metrics
+from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import RETRY_AFTER_MAX_S, ResultRefused
-from runlease.core.states import ErrorCode, RunStatus
+from runlease.core.states import ErrorCode, Outcome, RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import DatabaseUnavailable, LeaseLost
@@ -47,8 +47,8 @@ Acker = Callable[["RunHandle", Rendered], Awaitable[bool]]
 class StopReason(enum.Enum):
     CANCEL = "cancel"
     DRAIN = "drain"
-    LEASE_LOST = "lease_lost"
-    SELF_FENCED = "self_fenced"
+    LEASE_LOST = Outcome.LEASE_LOST.value
+    SELF_FENCED = Outcome.SELF_FENCED.value
     DEADLINE = "deadline"
 
 
@@ -69,8 +69,12 @@ class RunHandle:
         kill_grace_s: float,
         previous: RunHandle | None = None,
         tool_grant: frozenset[str] = frozenset(),
+        clock: Clock | None = None,
     ) -> None:
         self.lease = lease
+        # The worker's monotonic clock, which alone judges the fence (a
+        # ManualClock in tests, so the fence is driven without sleeping).
+        self.clock: Clock = clock or SystemClock()
         self.claimed_at = claimed_at
         # Self-fencing: stop before the lease could expire. The claim (or the
         # renewal) was sent at `sent`; the database set locked_until after that.
@@ -122,8 +126,9 @@ class RunHandle:
         attempt is self-fenced here, whoever noticed first)."""
         if not self.writes_allowed:
             return False
-        if time.monotonic() >= self.fence_at:
-            self.self_fence(time.monotonic())
+        now = self.clock.monotonic()
+        if now >= self.fence_at:
+            self.self_fence(now)
             return False
         return True
 
@@ -191,7 +196,7 @@ class Runner:
     async def execute(self, handle: RunHandle) -> None:
         """Run the agent and write the outcome; never raises."""
         run = handle.lease.run
-        outcome = "unknown"
+        outcome = Outcome.UNKNOWN
         try:
             outcome = await self._execute(handle)
         except LeaseLost:
@@ -205,16 +210,16 @@ class Runner:
                 await handle._killing
             metrics.child(metrics.RUNS_FINISHED, run.pool, outcome).inc()
             metrics.child(metrics.RUN_DURATION, run.pool, outcome).observe(
-                time.monotonic() - handle.claimed_at)
+                handle.clock.monotonic() - handle.claimed_at)
             # A run that simply succeeded is logged at DEBUG: a busy worker
             # finishes thousands a second, and metrics count them.
-            log.log(logging.DEBUG if outcome == "done" else logging.INFO,
+            log.log(logging.DEBUG if outcome == Outcome.DONE else logging.INFO,
                     "run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
                     run.tenant_id, run.attempts, outcome)
             handle.finished.set()
 
     @staticmethod
-    def _lost(handle: RunHandle) -> str:
+    def _lost(handle: RunHandle) -> Outcome:
         if handle.writes_allowed:
             # Found by a fenced write (an event, a step, the ack...), not by a
             # renewal or the fence, which count their own.
@@ -222,9 +227,9 @@ class Runner:
             log.error("lease_lost run_id=%s epoch=%s", handle.run_id, handle.lease.epoch)
             handle.stop(StopReason.LEASE_LOST)
         assert handle.reason is not None
-        return handle.reason.value
+        return Outcome(handle.reason.value)
 
-    async def _execute(self, handle: RunHandle) -> str:
+    async def _execute(self, handle: RunHandle) -> Outcome:
         lease = handle.lease
         if handle.previous is not None and not handle.previous.ended.is_set():
             # This worker claimed the run again while its older attempt still
@@ -242,11 +247,11 @@ class Runner:
                 return await self._finish(handle, None, None)
         handle.previous = None  # nothing more to wait for; let it be collected
         ctx = RunContext(lease, self.store, cancel=handle.cancel, tools=handle.tools,
-                         started=handle.claimed_at, fence=handle)
+                         started=handle.claimed_at, fence=handle, clock=handle.clock)
         deadline = None
         if ctx.budget.deadline_s is not None:
             deadline = asyncio.get_running_loop().call_later(
-                max(0.0, ctx.budget.deadline_s - (time.monotonic() - handle.claimed_at)),
+                max(0.0, ctx.budget.deadline_s - (handle.clock.monotonic() - handle.claimed_at)),
                 handle.stop, StopReason.DEADLINE)
         result: Any = None
         error: BaseException | None = None
@@ -293,7 +298,8 @@ class Runner:
         await ctx.flush()
         return result
 
-    async def _finish(self, handle: RunHandle, result: Any, error: BaseException | None) -> str:
+    async def _finish(self, handle: RunHandle, result: Any,
+                      error: BaseException | None) -> Outcome:
         lease = handle.lease
         reason = handle.reason
         handle.closing = True
@@ -305,16 +311,16 @@ class Runner:
             if lease.run_id not in released:
                 stale_writes(handle.pool)
                 return self._lost(handle)
-            return "released"
+            return Outcome.RELEASED
         if reason == StopReason.CANCEL or isinstance(error, RunCancelled):
             latency = await self._retry(handle, lambda: self.store.finalize_cancel(lease))
             metrics.CANCEL_LATENCY.labels(handle.pool).observe(latency)
-            return "cancelled"
+            return Outcome.CANCELLED
         if reason == StopReason.DEADLINE or isinstance(error, BudgetExceeded):
             message = str(error) if error else "deadline exceeded"
             await self._retry(handle, lambda: self.store.fail(
                 lease, ErrorCode.BUDGET_EXCEEDED.value, message))
-            return "dead"
+            return Outcome.DEAD
         if error is None:
             try:
                 rendered = Rendered(self.store.render_result(result))
@@ -322,13 +328,13 @@ class Runner:
                 # This run's result alone is refused; it never joins a batch.
                 refused = (exc.code, f"the run's result {exc.message}")
                 await self._retry(handle, lambda: self.store.fail(lease, *refused))
-                return "dead"
+                return Outcome.DEAD
             if not handle.may_write() or not await self.ack(handle, rendered):
                 return self._lost(handle)
-            return "done"
+            return Outcome.DONE
         if isinstance(error, FatalError):
             await self._retry(handle, lambda: self.store.fail(lease, error.code, str(error)))
-            return "dead"
+            return Outcome.DEAD
         retry_after: float | None = None
         if isinstance(error, RetryableError):
             code, message = error.code, str(error)
@@ -342,7 +348,7 @@ class Runner:
             log.warning("run_raised run_id=%s error=%s", lease.run_id, message.splitlines()[0])
         status = await self._retry(handle, lambda: self.store.nack(
             lease, code, message, retry_after_s=retry_after))
-        return "retrying" if status == RunStatus.PENDING else str(status)
+        return Outcome.RETRYING if status == RunStatus.PENDING else Outcome(status.value)
 
     async def _retry(self, handle: RunHandle, op: Callable[[], Awaitable[Any]]) -> Any:
         """A write that rides out a database outage until the fence deadline."""
@@ -356,5 +362,6 @@ class Runner:
                 if not handle.may_write():
                     raise LeaseLost(handle.run_id, handle.lease.epoch) from exc
                 log.warning("run_write_retry run_id=%s error=%s", handle.run_id, exc)
-                await asyncio.sleep(min(delay, max(0.0, handle.fence_at - time.monotonic())))
+                left_s = handle.fence_at - handle.clock.monotonic()
+                await asyncio.sleep(min(delay, max(0.0, left_s)))
                 delay = min(2.0, delay * 2)

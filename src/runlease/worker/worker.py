@@ -21,25 +21,25 @@ import contextlib
 import logging
 import os
 import signal
-import time
 from uuid import UUID
 
 from runlease import metrics
+from runlease.clock import Clock, SystemClock
 from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
-from runlease.db.connect import Conn, connect, make_pool
+from runlease.db.connect import make_pool
 from runlease.db.models import Lease, Pool
-from runlease.db.store import Rendered, RunStore, stale_writes
+from runlease.db.store import Rendered, RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
 from runlease.services.identity import worker_id
 from runlease.services.leader import LeaderElector
 from runlease.services.listener import Listener
-from runlease.services.loop import jittered, sleep
 from runlease.services.reaper import Reaper
 from runlease.settings import WorkerSettings, import_object
 from runlease.worker import toolenv
 from runlease.worker.acker import Acker
+from runlease.worker.claimer import ClaimLoop
 from runlease.worker.lease_keeper import LeaseKeeper
 from runlease.worker.runner import Agent, RunHandle, Runner, StopReason
 
@@ -56,11 +56,13 @@ class Worker:
         handle_signals: bool = True,
         tool_grant: frozenset[str] = frozenset(),
         seal_environ: bool = True,
+        clock: Clock | None = None,
     ) -> None:
         """`tool_grant`: variables of the worker's environment its tools may
         see, besides what the pool's tool_env grants. `seal_environ` takes the worker's secrets
         out of os.environ at start (worker/toolenv.py); tests that run a
-        Worker inside their own process turn it off."""
+        Worker inside their own process turn it off. `clock` is the monotonic
+        clock of the fence, heartbeats and drain (a ManualClock in tests)."""
         if not settings.database_url:
             raise SettingsError("no database: set --database-url or RUNLEASE_DATABASE_URL")
         self.settings = settings
@@ -70,6 +72,7 @@ class Worker:
         self.handle_signals = handle_signals
         self.tool_grant = tool_grant
         self.seal_environ = seal_environ
+        self.clock: Clock = clock or SystemClock()
         # The current attempt of each run this worker holds, by run id...
         self.held: dict[UUID, RunHandle] = {}
         # ...and every attempt still executing, older attempts of a reclaimed
@@ -83,9 +86,8 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._done = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._claim_task: asyncio.Task[None] | None = None
+        self.claims: ClaimLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
-        self._claim_conn: Conn | None = None
         self.started = asyncio.Event()
 
     # -- life cycle -------------------------------------------------------------------
@@ -112,7 +114,15 @@ class Worker:
         self.runner = Runner(self.store, self.agent, ack=self._ack)
         self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
                                   lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
-                                  prepare=s.prepared_statements, on_lost=self._lost)
+                                  prepare=s.prepared_statements, on_lost=self._lost,
+                                  clock=self.clock)
+        self.claims = ClaimLoop(self.store, self.url, self.identity, pool=s.pool,
+                                lease_s=s.lease_s, batch=s.batch,
+                                poll_interval_s=s.poll_interval_s,
+                                prepare=s.prepared_statements,
+                                free_slots=lambda: s.concurrency - len(self.active),
+                                start_run=self._start, wake=self._wake,
+                                slot_freed=self._slot_freed, clock=self.clock)
         self.listener = (Listener(s.listen_database_url or self.url,
                                   {pool_channel(s.pool): lambda _: self._wake.set(),
                                    CANCEL_CHANNEL: self._on_cancel_notify},
@@ -135,7 +145,7 @@ class Worker:
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.add_signal_handler(sig, self._on_signal, sig)
-            self._claim_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
+            self.claims.start()
             log.info("worker_started id=%s pool=%s concurrency=%s lease_s=%s heartbeat_s=%s",
                      self.identity, s.pool, s.concurrency, s.lease_s, s.heartbeat_interval_s)
             self.started.set()
@@ -168,6 +178,8 @@ class Worker:
         """Begin a graceful stop (what SIGTERM does)."""
         if not self.draining:
             self.draining = True
+            if self.claims is not None:
+                self.claims.halt()
             self._drain_task = asyncio.create_task(self._drain(), name="drain")
 
     def _on_signal(self, signum: int) -> None:
@@ -187,11 +199,10 @@ class Worker:
 
     async def _drain(self) -> None:
         metrics.WORKER_DRAINING.labels(self.settings.pool).set(1)
-        self._wake.set()
-        self._slot_freed.set()
-        if self._claim_task is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._claim_task
+        if self.claims is not None:
+            # The claim under way finishes (and hands back what it got); one
+            # stuck on a dead socket is cancelled, not waited for forever.
+            await self.claims.stop(self.settings.drain_grace_s + 5.0)
         await self._wait_runs(self.settings.drain_grace_s)
         if self.active:
             log.info("drain_releasing runs=%d", len(self.active))
@@ -209,8 +220,8 @@ class Worker:
 
     async def _shutdown(self) -> None:
         self.draining = True
-        if self._claim_task is not None and not self._claim_task.done():
-            self._claim_task.cancel()
+        if self.claims is not None:
+            self.claims.abort()
         for handle in list(self.active):
             handle.stop(StopReason.DRAIN)
         await self._wait_runs(5)
@@ -221,51 +232,10 @@ class Worker:
                 await service.stop(2.0)
         if self.probes:
             await self.probes.stop()
-        if self._claim_conn is not None:
-            with contextlib.suppress(Exception):
-                await self._claim_conn.close()
+        if self.claims is not None:
+            await self.claims.stop(1.0)
 
     # -- claiming -----------------------------------------------------------------------
-
-    async def _claim_loop(self) -> None:
-        s = self.settings
-        delay = 0.1
-        while not self.draining:
-            free = s.concurrency - len(self.active)
-            if free <= 0:
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            n = min(free, s.batch)
-            self._wake.clear()
-            try:
-                if self._claim_conn is None or self._claim_conn.closed:
-                    self._claim_conn = await connect(self.url, prepare=s.prepared_statements,
-                                                     application_name="runlease-claim")
-                sent = time.monotonic()
-                leases = await self.store.claim(s.pool, self.identity, n, lease_s=s.lease_s,
-                                                conn=self._claim_conn)
-            except (RunleaseError, OSError) as exc:
-                log.warning("claim_failed error=%s retry_in_s=%.2f", exc, delay)
-                if self._claim_conn is not None:
-                    with contextlib.suppress(Exception):
-                        await self._claim_conn.close()
-                    self._claim_conn = None
-                await sleep(delay, self._wake)
-                delay = min(5.0, delay * 2)
-                continue
-            delay = 0.1
-            metrics.child(metrics.CLAIM_LATENCY, s.pool).observe(time.monotonic() - sent)
-            if self.draining:  # claimed while the drain began: hand them back at once
-                released = await self.store.release(self.identity,
-                                                    [(x.run_id, x.epoch) for x in leases])
-                if len(released) < len(leases):
-                    stale_writes(s.pool, len(leases) - len(released))
-                break
-            for lease in leases:
-                self._start(lease, sent)
-            if len(leases) < n:
-                await sleep(jittered(s.poll_interval_s), self._wake)
 
     @property
     def executing(self) -> int:
@@ -287,7 +257,7 @@ class Worker:
         handle = RunHandle(lease, claimed_at=claimed_at, lease_s=s.lease_s,
                            margin_s=s.margin_s, cancel_grace_s=s.cancel_grace_s,
                            kill_grace_s=s.tool_kill_grace_s, previous=previous,
-                           tool_grant=self.tool_grant)
+                           tool_grant=self.tool_grant, clock=self.clock)
         self.held[lease.run_id] = handle
         self.active.add(handle)
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
@@ -296,7 +266,7 @@ class Worker:
                  lease.run.tenant_id, lease.run.attempts, lease.epoch)
         early = self._early_cancels.pop(lease.run_id, None) if self._early_cancels else None
         if lease.run.cancel_requested_at is not None or (
-                early is not None and time.monotonic() - early < 30):
+                early is not None and self.clock.monotonic() - early < 30):
             handle.request_cancel()
         task = asyncio.create_task(self._execute(handle), name=f"execute-{lease.run_id}")
         self._tasks.add(task)
@@ -343,7 +313,7 @@ class Worker:
         if handle is not None:
             handle.request_cancel()
             return
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if len(self._early_cancels) > 1000:  # bounded: forget those long gone
             self._early_cancels = {k: t for k, t in self._early_cancels.items() if now - t < 30}
         self._early_cancels[run_id] = now
@@ -356,7 +326,7 @@ class Worker:
     def _healthy(self) -> tuple[bool, str]:
         if not self.keeper.alive:
             return False, "lease keeper is not running"
-        if self._claim_task is not None and self._claim_task.done() and not self.draining:
+        if self.claims is not None and self.claims.crashed and not self.draining:
             return False, "claim loop stopped"
         return True, f"ok: {len(self.held)} runs held"
 

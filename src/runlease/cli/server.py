@@ -1,4 +1,5 @@
-"""The `runlease` command."""
+"""The `runlease` command and its server commands: dev, migrate, worker, api,
+operator (the client commands are in cli/client.py)."""
 
 from __future__ import annotations
 
@@ -140,17 +141,6 @@ def operator(**options: object) -> None:
     from runlease.operator.main import run as run_operator
 
     run_operator(load(OperatorSettings, options))
-
-
-def _client_commands() -> None:
-    from runlease.cli_client import dead, pools, runs
-
-    main.add_command(runs)
-    main.add_command(dead)
-    main.add_command(pools)
-
-
-_client_commands()
 
 
 def run() -> None:

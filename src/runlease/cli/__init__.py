@@ -1,0 +1,13 @@
+"""The `runlease` command: server commands (server.py) and the HTTP API's
+client commands (client.py), under one group."""
+
+from __future__ import annotations
+
+from runlease.cli.client import dead, pools, runs
+from runlease.cli.server import api, main, operator, run, worker
+
+main.add_command(runs)
+main.add_command(dead)
+main.add_command(pools)
+
+__all__ = ["api", "main", "operator", "run", "worker"]

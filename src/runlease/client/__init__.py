@@ -1,0 +1,37 @@
+"""Python client for the runlease HTTP API, sync and async.
+
+    from runlease.client import Client
+
+    with Client("http://127.0.0.1:8080", token) as api:
+        run = api.submit({"steps": [{"sleep": 1}]}, idempotency_key="order-42")
+        for event in api.events(run.id):      # resumes by itself after a drop or a 503
+            print(event)
+        print(api.wait(run.id).status)
+
+`AsyncClient` has the run methods (submit, get, list, cancel, wait, events) and
+dead_letters and redrive, as coroutines (events as an async iterator); it has no
+stream_token, pools or upsert_pool. Both build requests and read answers the
+same way (`calls.py`); only the I/O differs.
+"""
+
+from __future__ import annotations
+
+from runlease.client.aio import AsyncClient
+from runlease.client.errors import RETRY_STATUSES, ApiError, NotFound, Unauthorized
+from runlease.client.sse import RunEnded, SseParser, StreamEvent
+from runlease.client.sync import Client
+from runlease.client.views import RunPage, RunView
+
+__all__ = [
+    "RETRY_STATUSES",
+    "ApiError",
+    "AsyncClient",
+    "Client",
+    "NotFound",
+    "RunEnded",
+    "RunPage",
+    "RunView",
+    "SseParser",
+    "StreamEvent",
+    "Unauthorized",
+]

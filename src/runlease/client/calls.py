@@ -1,0 +1,62 @@
+"""Request building and answer reading, shared by both clients: only the
+I/O differs between Client and AsyncClient."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from runlease.client.errors import ApiError, NotFound, Unauthorized
+from runlease.client.views import RunPage, RunView
+
+
+class Calls:
+    """Request building and answer reading, shared by both clients."""
+
+    def __init__(self, api_url: str, token: str | None) -> None:
+        self.base = api_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    @staticmethod
+    def check(response: httpx.Response) -> Any:
+        if response.status_code < 400:
+            return response.json() if response.content else None
+        try:
+            error = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            error = {"code": "http_error", "message": response.text[:500]}
+        kind = {404: NotFound, 401: Unauthorized}.get(response.status_code, ApiError)
+        raise kind(response.status_code, error.get("code", "error"),
+                   error.get("message", ""), error.get("field"))
+
+    @staticmethod
+    def submit_body(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
+                    max_attempts: int | None, budget: Mapping[str, Any] | None,
+                    tenant_id: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"input": dict(input)}
+        for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
+                           ("budget", budget), ("tenant_id", tenant_id)):
+            if value is not None:
+                body[key] = value
+        return body
+
+    @staticmethod
+    def list_params(status: str | None, pool: str | None, limit: int,
+                    cursor: str | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        if pool:
+            params["pool"] = pool
+        if cursor:
+            params["cursor"] = cursor
+        return params
+
+    @staticmethod
+    def page(data: Mapping[str, Any]) -> RunPage:
+        return RunPage([RunView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+
+    def stream_headers(self, after: int) -> dict[str, str]:
+        return {**self.headers, "Accept": "text/event-stream", "Last-Event-ID": str(after)}

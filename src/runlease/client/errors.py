@@ -1,0 +1,25 @@
+"""The errors an HTTP caller of the runlease API sees."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """An error answer: `status`, and the body's code, message and field."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+# Answers after which a stream is reconnected, not given up: the API without
+# its database (503, with Retry-After), or a gateway in front of an API that
+# is restarting (502, 504).
+RETRY_STATUSES = frozenset({502, 503, 504})
+
+
+class NotFound(ApiError):
+    pass
+
+
+class Unauthorized(ApiError):
+    pass

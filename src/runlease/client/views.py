@@ -1,0 +1,59 @@
+"""Runs as the API shows them, parsed from its JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from runlease.core.states import TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A run as the API shows it."""
+
+    id: UUID
+    pool: str
+    tenant_id: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    input: dict[str, Any]
+    budget: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    available_at: datetime
+    last_event_seq: int = 0
+    result: Any = None
+    error_code: str | None = None
+    error_message: str | None = None
+    idempotency_key: str | None = None
+    cancel_requested_at: datetime | None = None
+    finished_at: datetime | None = None
+    lease: dict[str, Any] | None = None
+    created: bool = field(default=True, compare=False)  # False: an Idempotency-Key repeat
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], created: bool = True) -> RunView:
+        stamps = ("created_at", "updated_at", "available_at", "cancel_requested_at",
+                  "finished_at")
+        values: dict[str, Any] = {
+            k: (datetime.fromisoformat(v) if k in stamps and v else v)
+            for k, v in data.items() if k in cls.__dataclass_fields__}
+        values["id"] = UUID(str(data["id"]))
+        values["created"] = created
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    items: list[RunView]
+    next_cursor: str | None

@@ -1,0 +1,70 @@
+"""A run's events and durable steps (statements in sql/run_events.sql and
+sql/run_steps.sql): written fenced by the worker, read by the API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+from runlease.core import bounds
+from runlease.db.channels import EVENTS_CHANNEL
+from runlease.db.executor import Conn, Executor
+from runlease.db.models import Event, Lease, Step
+from runlease.errors import ValidationError
+
+
+class EventStore(Executor):
+    """Events and steps: fenced appends, and reads by run."""
+
+    async def record_events(
+        self,
+        lease: Lease,
+        events: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        conn: Conn | None = None,
+    ) -> int:
+        """Append events (redacted, bounded), fenced; returns the last seq."""
+        if not events:
+            raise ValidationError("events", "must not be empty")
+        kinds: list[str] = []
+        datas: list[str] = []
+        for kind, data in events:
+            kinds.append(bounds.check_event_kind(kind))
+            if not isinstance(data, Mapping):
+                raise ValidationError("data", "must be a JSON object")
+            datas.append(bounds.json_text("data", self.redactor.json(dict(data)),
+                                          bounds.MAX_EVENT_BYTES))
+        rows = await self._fenced("run_event_record", lease, {
+            "kinds": kinds, "datas": datas, "channel": EVENTS_CHANNEL,
+        }, conn)
+        return int(rows[0]["event_seq"])
+
+    async def record_event(
+        self, lease: Lease, kind: str, data: Mapping[str, Any], *, conn: Conn | None = None
+    ) -> int:
+        return await self.record_events(lease, [(kind, data)], conn=conn)
+
+    async def record_step(
+        self, lease: Lease, key: str, result: Any, *, conn: Conn | None = None
+    ) -> Any:
+        """Commit a durable step result (redacted, like events: it is what a
+        tool printed), fenced; returns the result as stored. If the key was
+        already recorded, the earlier result stays and is returned."""
+        bounds.check_step_key(key)
+        text = bounds.result_text("result", self.redactor.json(result),
+                                  bounds.MAX_STEP_RESULT_BYTES)
+        rows = await self._fenced("run_step_record", lease, {"key": key, "result": text}, conn)
+        return rows[0]["result"]
+
+    async def get_steps(self, run_id: UUID, *, conn: Conn | None = None) -> dict[str, Step]:
+        rows = await self._rows("run_steps_get", {"id": run_id}, conn)
+        return {r["step_key"]: Step.from_row(r) for r in rows}
+
+    async def events_after(
+        self, run_id: UUID, after: int = 0, *, limit: int = 1000, conn: Conn | None = None
+    ) -> list[Event]:
+        rows = await self._rows(
+            "run_events_after", {"id": run_id, "after": after, "limit": limit}, conn
+        )
+        return [Event.from_row(r) for r in rows]

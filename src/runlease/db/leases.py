@@ -1,0 +1,207 @@
+"""A worker's transitions of its runs: claim, heartbeat, ack, nack, fail,
+release, finalize a cancel (statements in sql/runs.sql).
+
+Every write after the claim is fenced by the lease: zero rows raises LeaseLost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from runlease.core import bounds
+from runlease.core.states import RunStatus
+from runlease.db.channels import POOL_CHANNEL_PREFIX
+from runlease.db.executor import Conn, Executor, stale_writes
+from runlease.db.models import HeartbeatResult, Lease, Run
+from runlease.errors import LeaseLost, ValidationError
+
+
+def _json(text: str) -> Any:
+    return {} if text == "{}" else json.loads(text)
+
+
+MAX_CLAIM_BATCH = 1000
+
+
+def _held(worker: str, pairs: Sequence[tuple[UUID, int]]) -> dict[str, Any]:
+    """The parameters of a statement over many of one worker's leases."""
+    return {"worker": worker, "ids": [p[0] for p in pairs], "epochs": [p[1] for p in pairs]}
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A result already rendered by RunStore.render_result (the worker renders
+    each run's result before it joins an ack batch)."""
+
+    text: str | None
+
+
+class LeaseStore(Executor):
+    """A worker's writes to the runs it holds, each fenced by its lease."""
+
+    def _error(self, code: str, message: str) -> tuple[str, str]:
+        """An error as stored: the code normalised (never refused: the write
+        that ends a run must not fail on what agent code chose), the message
+        redacted and bounded."""
+        code, message = bounds.error_code(code, str(message))
+        return code, self.redactor.message(message, bounds.MAX_ERROR_MESSAGE_CHARS)
+
+    def render_result(self, result: Any) -> str | None:
+        """A run's result as it will be stored: redacted, JSON, bounded.
+        Raises ResultRefused (code result_not_json or result_too_large)."""
+        if result is None:
+            return None
+        return bounds.result_text("result", self.redactor.json(result), self.max_result_bytes)
+
+    async def claim(
+        self,
+        pool: str,
+        worker: str,
+        n: int = 1,
+        *,
+        lease_s: int | None = None,
+        conn: Conn | None = None,
+    ) -> list[Lease]:
+        """Lease up to n runs of the pool for `worker`, in one short transaction."""
+        if not 1 <= n <= MAX_CLAIM_BATCH:
+            raise ValidationError("n", f"must be between 1 and {MAX_CLAIM_BATCH}")
+        if lease_s is not None:
+            bounds.check_lease_s(lease_s)
+        rows = await self._tuples(
+            "run_claim", {"pool": pool, "worker": worker, "n": n, "lease_s": lease_s}, conn)
+        # Built by position, JSON parsed here: measurably cheaper per claimed
+        # run than dict rows and psycopg's JSON loader.
+        return [
+            Lease(Run(id=r[0], pool=r[1], tenant_id=r[2], status=RunStatus.LEASED,
+                      priority=r[3], attempts=r[4], max_attempts=r[5], lease_epoch=r[6],
+                      locked_until=r[7], locked_by=worker, cancel_requested_at=r[8],
+                      input_json=_json(r[9]), budget_json=_json(r[10]), created_at=r[11],
+                      available_at=r[12], updated_at=r[13]), worker)
+            for r in rows
+        ]
+
+    async def heartbeat(
+        self,
+        worker: str,
+        leases: Iterable[tuple[UUID, int]],
+        *,
+        lease_s: int | None = None,
+        conn: Conn | None = None,
+    ) -> HeartbeatResult:
+        """Renew all of one worker's leases in one statement."""
+        pairs = list(leases)
+        if not pairs:
+            return HeartbeatResult()
+        rows = await self._rows("run_heartbeat", _held(worker, pairs) | {"lease_s": lease_s},
+                                conn)
+        held = {r["id"]: r["locked_until"] for r in rows}
+        return HeartbeatResult(
+            held=held,
+            cancel_requested=frozenset(r["id"] for r in rows if r["cancel_requested"]),
+            lost=frozenset(p[0] for p in pairs if p[0] not in held),
+        )
+
+    async def ack(self, lease: Lease, result: Any = None, *, conn: Conn | None = None) -> None:
+        """Finish one run. A result that cannot be stored raises ResultRefused
+        and writes nothing."""
+        text = self.render_result(result)
+        lost = await self.ack_many([(lease, Rendered(text))], conn=conn)
+        if lost:
+            raise LeaseLost(lease.run_id, lease.epoch)
+
+    async def ack_many(
+        self, items: Sequence[tuple[Lease, Any]], *, conn: Conn | None = None
+    ) -> set[UUID]:
+        """Finish many runs of one worker in one statement; returns the ids
+        whose lease was lost.
+
+        Every result is rendered and checked first: one that cannot be stored
+        ends its own run dead (result_not_json or result_too_large) instead of
+        failing the batch. A result may come pre-rendered as `Rendered`."""
+        if not items:
+            return set()
+        worker = items[0][0].worker
+        if any(lease.worker != worker for lease, _ in items):
+            raise ValueError("ack_many takes the leases of one worker")
+        good: list[tuple[Lease, str | None]] = []
+        lost: set[UUID] = set()
+        for lease, result in items:
+            try:
+                good.append((lease, result.text if isinstance(result, Rendered)
+                             else self.render_result(result)))
+            except bounds.ResultRefused as exc:
+                try:
+                    await self.fail(lease, exc.code, f"the run's result {exc.message}",
+                                    conn=conn)
+                except LeaseLost:
+                    lost.add(lease.run_id)
+        if not good:
+            return lost
+        rendered = [text for _, text in good]
+        # A batch of no-op runs has nothing to send: one NULL instead of an array.
+        results = None if all(r is None for r in rendered) else rendered
+        rows = await self._rows(
+            "run_ack",
+            {
+                "worker": worker,
+                "ids": [lease.run_id for lease, _ in good],
+                "epochs": [lease.epoch for lease, _ in good],
+                "results": results,
+                "channel_prefix": POOL_CHANNEL_PREFIX,
+            },
+            conn,
+        )
+        done = {r["id"] for r in rows}
+        for lease, _ in good:
+            if lease.run_id not in done:
+                lost.add(lease.run_id)
+                stale_writes(lease.run.pool)
+        return lost
+
+    async def nack(
+        self,
+        lease: Lease,
+        error_code: str,
+        error_message: str,
+        *,
+        retry_after_s: float | None = None,
+        conn: Conn | None = None,
+    ) -> RunStatus:
+        """A retryable failure; returns where the run went (pending, dead or cancelled)."""
+        code, message = self._error(error_code, error_message)
+        if retry_after_s is not None and not 0 <= retry_after_s <= bounds.RETRY_AFTER_MAX_S:
+            raise ValidationError("retry_after_s",
+                                  f"must be between 0 and {bounds.RETRY_AFTER_MAX_S}")
+        rows = await self._fenced("run_nack", lease, {
+            "error_code": code, "error_message": message, "retry_after_s": retry_after_s,
+        }, conn)
+        return RunStatus(rows[0]["status"])
+
+    async def fail(
+        self, lease: Lease, error_code: str, error_message: str, *, conn: Conn | None = None
+    ) -> None:
+        """A fatal failure: dead now."""
+        code, message = self._error(error_code, error_message)
+        await self._fenced("run_fail", lease, {"error_code": code, "error_message": message},
+                           conn)
+
+    async def release(
+        self, worker: str, leases: Iterable[tuple[UUID, int]], *, conn: Conn | None = None
+    ) -> dict[UUID, RunStatus]:
+        """Drain: hand leases back without charging the attempt. Returns the
+        new status of each run still held; the others' leases were lost."""
+        pairs = list(leases)
+        if not pairs:
+            return {}
+        rows = await self._rows(
+            "run_release", _held(worker, pairs) | {"channel_prefix": POOL_CHANNEL_PREFIX}, conn)
+        return {r["id"]: RunStatus(r["status"]) for r in rows}
+
+    async def finalize_cancel(self, lease: Lease, *, conn: Conn | None = None) -> float:
+        """The run is cancelled; returns seconds since the cancel was requested."""
+        rows = await self._fenced("run_finalize_cancel", lease, {}, conn)
+        return max(0.0, float(rows[0]["latency_s"]))

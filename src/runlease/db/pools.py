@@ -1,0 +1,132 @@
+"""Pools and their per-tenant settings (statements in sql/pools.sql)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from runlease.core import bounds
+from runlease.db.executor import Conn, Executor
+from runlease.db.models import Pool, TenantLimit
+from runlease.errors import UnknownPool, ValidationError
+
+
+class PoolStore(Executor):
+    """Pool rows and per-tenant caps and priority bands."""
+
+    async def upsert_pool(self, pool: Pool, *, conn: Conn | None = None) -> Pool:
+        """Create or update a pool; every field of `pool` is written."""
+        bounds.check_pool(pool.name)
+        bounds.check_max_attempts(pool.max_attempts)
+        bounds.check_lease_s(pool.lease_s)
+        bounds.check_aging_s(pool.priority_aging_s)
+        bounds.check_retention_s(pool.retention_s)
+        tool_env = bounds.check_tool_env(pool.tool_env)
+        if not isinstance(pool.paused, bool):
+            raise ValidationError("paused", "must be true or false")
+        if pool.default_max_in_flight is not None:
+            bounds.check_max_in_flight("default_max_in_flight", pool.default_max_in_flight)
+        rows = await self._rows(
+            "pool_upsert",
+            {
+                "name": pool.name,
+                "max_attempts": pool.max_attempts,
+                "lease_s": pool.lease_s,
+                "default_max_in_flight": pool.default_max_in_flight,
+                "priority_aging_s": pool.priority_aging_s,
+                "retention_s": pool.retention_s,
+                "paused": pool.paused,
+                "tool_env": list(tool_env),
+            },
+            conn,
+        )
+        return Pool.from_row(rows[0])
+
+    async def get_pool(self, name: str, *, conn: Conn | None = None) -> Pool | None:
+        rows = await self._rows("pool_get", {"name": name}, conn)
+        return Pool.from_row(rows[0]) if rows else None
+
+    async def list_pools(self, *, conn: Conn | None = None) -> list[Pool]:
+        return [Pool.from_row(r) for r in await self._rows("pool_list", {}, conn)]
+
+    async def replace_tenant_limits(
+        self, pool: str, limits: Mapping[str, int | TenantLimit], *, conn: Conn | None = None
+    ) -> None:
+        """Make the pool's per-tenant settings exactly `limits` (an int is a
+        cap alone)."""
+        bounds.check_pool(pool)
+        given: dict[str, TenantLimit] = {}
+        for tenant, limit in limits.items():
+            bounds.check_tenant(tenant)
+            setting = limit if isinstance(limit, TenantLimit) else TenantLimit(limit)
+            if setting.max_in_flight is not None:
+                bounds.check_max_in_flight(f"limits[{tenant}]", setting.max_in_flight)
+            try:
+                bounds.check_priority_band(setting.priority_min, setting.priority_max)
+            except ValidationError as exc:
+                raise ValidationError(f"limits[{tenant}].{exc.field}", exc.message) from None
+            given[tenant] = setting
+        if await self.get_pool(pool, conn=conn) is None:
+            raise UnknownPool(pool)
+        await self._rows(
+            "tenant_limits_replace",
+            {"pool": pool, "tenants": list(given),
+             "limits": [g.max_in_flight for g in given.values()],
+             "mins": [g.priority_min for g in given.values()],
+             "maxs": [g.priority_max for g in given.values()]},
+            conn,
+        )
+
+    async def put_pool(
+        self, pool: Pool, limits: Mapping[str, int | TenantLimit], *,
+        conn: Conn | None = None
+    ) -> Pool:
+        """Create or update a pool and make its tenant settings exactly
+        `limits`, in one transaction (the API's PUT and the operator)."""
+        async with self.connection(conn) as c, c.transaction():
+            stored = await self.upsert_pool(pool, conn=c)
+            await self.replace_tenant_limits(pool.name, limits, conn=c)
+        return stored
+
+    async def set_tenant_limit(
+        self, pool: str, tenant_id: str, max_in_flight: int | None, *, conn: Conn | None = None
+    ) -> None:
+        """Set one tenant's cap; None removes it (the pool's default applies
+        again). Its priority band is kept."""
+        bounds.check_pool(pool)
+        bounds.check_tenant(tenant_id)
+        if max_in_flight is not None:
+            bounds.check_max_in_flight("max_in_flight", max_in_flight)
+        await self._set_tenant("tenant_limit_set", pool, tenant_id,
+                               {"max_in_flight": max_in_flight}, conn)
+
+    async def set_tenant_priority_band(
+        self, pool: str, tenant_id: str, priority_min: int | None, priority_max: int | None,
+        *, conn: Conn | None = None,
+    ) -> None:
+        """Set the priorities a tenant may submit; None, None removes the band."""
+        bounds.check_pool(pool)
+        bounds.check_tenant(tenant_id)
+        lo, hi = bounds.check_priority_band(priority_min, priority_max)
+        await self._set_tenant("tenant_band_set", pool, tenant_id,
+                               {"priority_min": lo, "priority_max": hi}, conn)
+
+    async def _set_tenant(self, name: str, pool: str, tenant_id: str,
+                          values: dict[str, Any], conn: Conn | None) -> None:
+        async with self.connection(conn) as c, c.transaction():
+            if await self.get_pool(pool, conn=c) is None:
+                raise UnknownPool(pool)
+            params = {"pool": pool, "tenant": tenant_id}
+            await self._rows(name, params | values, c)
+            await self._rows("tenant_limit_prune", params, c)
+
+    async def tenant_limits(self, pool: str, *, conn: Conn | None = None) -> dict[str, int]:
+        """Tenants' caps (only those that have one)."""
+        return {t: s.max_in_flight for t, s in (await self.tenant_settings(pool, conn=conn)).items()
+                if s.max_in_flight is not None}
+
+    async def tenant_settings(
+        self, pool: str, *, conn: Conn | None = None
+    ) -> dict[str, TenantLimit]:
+        rows = await self._rows("tenant_limits_list", {"pool": pool}, conn)
+        return {r["tenant_id"]: TenantLimit.from_row(r) for r in rows}

@@ -1,0 +1,58 @@
+"""Read-only queue statistics for the operator and metrics (sql/stats.sql)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runlease.db.executor import Conn, Executor
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One pool's queue: per tenant (pending, ready now, leased), dead by code."""
+
+    by_tenant: dict[str, tuple[int, int, int]]
+    dead_by_code: dict[str | None, int]
+    oldest_ready_s: float
+
+    @property
+    def pending(self) -> int:
+        return sum(p for p, _, _ in self.by_tenant.values())
+
+    @property
+    def ready(self) -> int:
+        return sum(r for _, r, _ in self.by_tenant.values())
+
+    @property
+    def leased(self) -> int:
+        return sum(n for _, _, n in self.by_tenant.values())
+
+    @property
+    def dead(self) -> int:
+        return sum(self.dead_by_code.values())
+
+
+class StatsStore(Executor):
+    """Counts by pool for autoscaling and gauges."""
+
+    async def queue_stats(self, pool: str, *, conn: Conn | None = None) -> QueueStats:
+        tenants = await self._rows("pool_queue_stats", {"pool": pool}, conn)
+        dead = await self._rows("pool_dead_stats", {"pool": pool}, conn)
+        return QueueStats(
+            by_tenant={r["tenant_id"]: (int(r["pending"]), int(r["ready"]), int(r["leased"]))
+                       for r in tenants},
+            dead_by_code={r["error_code"]: int(r["n"]) for r in dead},
+            oldest_ready_s=max((float(r["oldest_ready_s"]) for r in tenants
+                                if r["oldest_ready_s"] is not None), default=0.0),
+        )
+
+    async def leases_by_holder(self, pool: str, *, conn: Conn | None = None) -> dict[str, int]:
+        """Leased runs per holder: the first part of locked_by (a pod's UID)."""
+        rows = await self._rows("pool_leases_by_holder", {"pool": pool}, conn)
+        return {r["holder"]: int(r["n"]) for r in rows}
+
+    async def lease_expiries(self, pool: str, window_s: float, *,
+                             conn: Conn | None = None) -> int:
+        rows = await self._rows("pool_lease_expiries", {"pool": pool, "window_s": window_s},
+                                conn)
+        return int(rows[0]["n"])

@@ -1,0 +1,114 @@
+"""`runlease worker`'s settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from runlease.core.bounds import check_pool
+from runlease.errors import SettingsError, ValidationError
+from runlease.settings.mechanism import describe, import_object, setting
+from runlease.settings.reaper import ReaperSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings(ReaperSettings):
+    """`runlease worker`: one per pod."""
+
+    agent: str = setting(help="The agent to run, as module:callable (an async function "
+                              "taking a RunContext).")
+    database_url: str | None = setting(
+        None, "PostgreSQL URL for claims, heartbeats and agent writes.", env=("DATABASE_URL",))
+    listen_database_url: str | None = setting(
+        None, "Separate URL for the LISTEN session (a direct or session-mode PgBouncer "
+              "URL when database_url goes through PgBouncer in transaction mode); "
+              "defaults to database_url.")
+    listen: bool = setting(True, "Wake on NOTIFY; with --no-listen the worker only polls.")
+    prepared_statements: bool = setting(
+        True, "Server-side prepared statements on pooled connections; turn off behind "
+              "PgBouncer in transaction mode.")
+    pool: str = setting("default", "The pool whose runs this worker claims.")
+    concurrency: int = setting(10, "Runs executed at once (slots).", minimum=1, maximum=10_000)
+    claim_batch: int | None = setting(
+        None, "Most runs claimed in one statement; defaults to concurrency.", minimum=1,
+        maximum=1000)
+    lease_s: int = setting(
+        0, "Lease length: a run whose worker stops renewing is reaped this long after the "
+           "last renewal. 0 (the default): the pool's lease_s, read at start (the pool row "
+           "is the one source; set it with the AgentRunPool, `runlease pools` or the API); "
+           "any other value overrides the pool for this worker (tests, experiments).",
+        minimum=0, maximum=3600)
+    heartbeat_interval_s: float = setting(
+        0.0, "Seconds between lease renewals; must be below lease_s / 2. 0 (the default): "
+             "a third of the lease, at most 15 s.", minimum=0)
+    fence_margin_s: float | None = setting(
+        None, "Safety margin of self-fencing: a run is stopped when lease_s minus this "
+              "has passed since its last renewal; defaults to min(5, lease_s / 5).",
+        minimum=0.01)
+    poll_interval_s: float = setting(
+        2.0, "Seconds between claims when nothing is notified (jittered +-25%).",
+        minimum=0.01, maximum=3600)
+    cancel_grace_s: float = setting(
+        10.0, "After a cancel request, how long the agent may take to stop before its "
+              "task is cancelled.", minimum=0)
+    tool_kill_grace_s: float = setting(
+        5.0, "After SIGTERM to a tool's process group, how long before SIGKILL.", minimum=0)
+    drain_grace_s: float = setting(
+        25.0, "On SIGTERM, how long running runs may finish before they are cancelled and "
+              "released; keep it below the pod's terminationGracePeriodSeconds.", minimum=0)
+    metrics_port: int = setting(9464, "Port of /metrics, /healthz and /readyz; 0 turns it off.",
+                                minimum=0, maximum=65535)
+    metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")
+    log_json: bool = setting(False, "Log one JSON object per line.")
+    redact_patterns: tuple[str, ...] = setting(
+        (), "Extra regular expressions whose matches are redacted from stored error "
+            "messages and events (comma-separated in the environment).")
+
+    def check(self) -> None:
+        if self.lease_s:
+            self.check_lease()
+        self.check_leader_ttl()
+        for pattern in self.redact_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise SettingsError(
+                    f"{describe('redact_patterns')}: {pattern!r}: {exc}") from None
+        try:
+            check_pool(self.pool)
+        except ValidationError as exc:
+            raise SettingsError(f"{describe('pool')}: {exc.message}") from None
+        import_object(self.agent)
+
+    def with_pool_lease(self, pool_lease_s: int) -> WorkerSettings:
+        """These settings with the lease resolved: lease_s 0 takes the pool's,
+        heartbeat_interval_s 0 a third of the lease (at most 15 s); checked."""
+        lease_s = self.lease_s or pool_lease_s
+        heartbeat = self.heartbeat_interval_s or min(15.0, lease_s / 3)
+        resolved = dataclasses.replace(self, lease_s=lease_s, heartbeat_interval_s=heartbeat)
+        resolved.check_lease()
+        return resolved
+
+    def check_lease(self) -> None:
+        heartbeat = self.heartbeat_interval_s or min(15.0, self.lease_s / 3)
+        if heartbeat >= self.lease_s / 2:
+            raise SettingsError(
+                f"{describe('heartbeat_interval_s')} must be below half of lease_s "
+                f"({self.lease_s} s): got {heartbeat}; a lease must survive "
+                "a missed renewal"
+            )
+        if self.margin_s >= self.lease_s - heartbeat:
+            raise SettingsError(
+                f"{describe('fence_margin_s')} must be below lease_s - heartbeat_interval_s "
+                f"({self.lease_s - heartbeat:g} s): got {self.margin_s}"
+            )
+
+    @property
+    def margin_s(self) -> float:
+        return self.fence_margin_s if self.fence_margin_s is not None else min(5.0,
+                                                                                self.lease_s / 5)
+
+    @property
+    def batch(self) -> int:
+        return min(self.claim_batch or self.concurrency, self.concurrency)

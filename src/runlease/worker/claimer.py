@@ -1,0 +1,139 @@
+"""The claim loop: leases runs for the worker's free slots, and no more.
+
+Claims are batched up to the number of free slots, on a connection of their
+own. A NOTIFY on the pool's channel (or a freed slot) wakes the loop; with
+nothing notified it polls with jitter. A claim that fails is retried with
+backoff; runs claimed after the drain began are handed back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from runlease import metrics
+from runlease.clock import Clock, SystemClock
+from runlease.db.connect import Conn, connect
+from runlease.db.models import Lease
+from runlease.db.store import RunStore, stale_writes
+from runlease.errors import RunleaseError
+from runlease.services.loop import Service, jittered, sleep
+
+log = logging.getLogger(__name__)
+
+
+class ClaimLoop(Service):
+    name = "claim-loop"
+
+    def __init__(
+        self,
+        store: RunStore,
+        url: str,
+        worker: str,
+        *,
+        pool: str,
+        lease_s: int,
+        batch: int,
+        poll_interval_s: float,
+        prepare: bool,
+        free_slots: Callable[[], int],
+        start_run: Callable[[Lease, float], None],
+        wake: asyncio.Event,
+        slot_freed: asyncio.Event,
+        clock: Clock | None = None,
+    ) -> None:
+        """`start_run(lease, sent)` takes each claimed run (sent: when the
+        claim was sent, by `clock`, where its fence starts). `wake` is set by
+        the pool's NOTIFY, `slot_freed` when a run ends."""
+        super().__init__()
+        self.store = store
+        self.url = url
+        self.worker = worker
+        self.pool = pool
+        self.lease_s = lease_s
+        self.batch = batch
+        self.poll_interval_s = poll_interval_s
+        self.prepare = prepare
+        self.free_slots = free_slots
+        self.start_run = start_run
+        self.wake = wake
+        self.slot_freed = slot_freed
+        self.clock: Clock = clock or SystemClock()
+        self._conn: Conn | None = None
+        self._retry_s = 0.1
+
+    @property
+    def crashed(self) -> bool:
+        """Started, and ended by itself (not stopped): /healthz fails."""
+        return self._task is not None and self._task.done() and not self.stopping.is_set()
+
+    def halt(self) -> None:
+        """Claim no more from now on (the drain): the claim under way, if
+        any, finishes, and what it claims is handed back."""
+        self.stopping.set()
+        self.wake.set()
+        self.slot_freed.set()
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        self.halt()
+        await super().stop(timeout_s)
+
+    def abort(self) -> None:
+        """Stop at once, the claim under way cancelled (shutdown)."""
+        self.halt()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _main(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                if self.free_slots() <= 0:
+                    self.slot_freed.clear()
+                    await self.slot_freed.wait()
+                    continue
+                wait_s = await self.run_once()
+                if wait_s > 0 and not self.stopping.is_set():
+                    await sleep(wait_s, self.wake)
+        finally:
+            await self.close()
+
+    async def run_once(self) -> float:
+        """One claim for the free slots (up to the batch); returns how long to
+        wait before the next one, which a NOTIFY cuts short: 0 when every
+        slot asked for was filled, the poll interval when the queue ran
+        short, the backoff after a failure."""
+        n = min(self.free_slots(), self.batch)
+        if n <= 0:
+            return 0.0
+        self.wake.clear()
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = await connect(self.url, prepare=self.prepare,
+                                           application_name="runlease-claim")
+            sent = self.clock.monotonic()
+            leases = await self.store.claim(self.pool, self.worker, n, lease_s=self.lease_s,
+                                            conn=self._conn)
+        except (RunleaseError, OSError) as exc:
+            delay, self._retry_s = self._retry_s, min(5.0, self._retry_s * 2)
+            log.warning("claim_failed error=%s retry_in_s=%.2f", exc, delay)
+            await self.close()
+            return delay
+        self._retry_s = 0.1
+        metrics.child(metrics.CLAIM_LATENCY, self.pool).observe(self.clock.monotonic() - sent)
+        if self.stopping.is_set():  # claimed while the drain began: hand them back at once
+            released = await self.store.release(self.worker,
+                                                [(x.run_id, x.epoch) for x in leases])
+            if len(released) < len(leases):
+                stale_writes(self.pool, len(leases) - len(released))
+            return 0.0
+        for lease in leases:
+            self.start_run(lease, sent)
+        return jittered(self.poll_interval_s) if len(leases) < n else 0.0
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
