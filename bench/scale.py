@@ -130,10 +130,10 @@ def claim_rate(url: str, pool: str, runs: int) -> dict[str, float]:
     return asyncio.run(go())
 
 
-def target1(url: str, quick: bool) -> dict[str, Any]:
+def target1(url: str, quick: bool, runs: int | None = None) -> dict[str, Any]:
     capped = 100_000 if quick else 1_000_000
     delayed = 10_000 if quick else 100_000
-    runs = 1_000 if quick else 2_000
+    runs = runs or (1_000 if quick else 2_000)
     empty_db = fresh_database(url, "scale_empty")
     with psycopg.connect(empty_db, autocommit=True) as conn:
         conn.execute("INSERT INTO agent_run_pools (name) VALUES ('work')")
@@ -296,9 +296,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", choices=("1", "2"), help="one target's measurement")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
+    ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
     args = ap.parse_args()
     with server(args.database_url, durable=args.durable) as url:
-        t1 = target1(url, args.quick) if args.only in (None, "1") else None
+        t1 = target1(url, args.quick, args.runs) if args.only in (None, "1") else None
         t2 = target2(url, args.quick) if args.only in (None, "2") else None
     result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
               "date": time.strftime("%Y-%m-%d"),
