@@ -14,8 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import yaml
 
+from runlease import cli
+from runlease.agents.openai.request import OpenAISettings
 from runlease.settings import ApiSettings, OperatorSettings, WorkerSettings, reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +34,33 @@ def settings_table(cls: type[Any]) -> list[str]:
         help_text = row["help"].replace("|", "\\|")
         lines.append(f"| `{row['option']}` | `{row['env']}` | {row['type']} | {shown} | "
                      f"{help_text} |")
+    return lines
+
+
+def click_table(command: click.Command) -> list[str]:
+    """The options of a command declared with click itself (not a settings class)."""
+    lines = ["| option | environment | default | what |", "|---|---|---|---|"]
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.hidden or param.is_eager:
+            continue
+        names = ", ".join(f"`{o}`" for o in [*param.opts, *param.secondary_opts])
+        env = param.envvar if isinstance(param.envvar, list | tuple) else [param.envvar]
+        env_text = ", ".join(f"`{e}`" for e in env if e)
+        default = param.default
+        plain = isinstance(default, str | int | float) and not isinstance(default, bool)
+        shown = f"`{default}`" if plain and default not in ("", ()) else ""
+        help_text = " ".join((param.help or "").split()).replace("|", "\\|")
+        lines.append(f"| {names} | {env_text} | {shown} | {help_text} |")
+    return lines
+
+
+def environment_table(cls: type[Any]) -> list[str]:
+    """Settings read from the environment only (no command-line options)."""
+    lines = ["| environment | type | default | what |", "|---|---|---|---|"]
+    for row in reference(cls):
+        default = row["default"]
+        shown = "" if default in (None, ()) else f"`{default}`"
+        lines.append(f"| `{row['env']}` | {row['type']} | {shown} | {row['help']} |")
     return lines
 
 
@@ -74,9 +104,24 @@ def render() -> str:
         "line wins over the environment, which wins over the default. Values are",
         "checked at start, and a bad one stops the process with a message naming it.",
         "",
+        "## Every command",
+        "",
+        "Options of `runlease` itself, before the command "
+        "(`runlease --log-level DEBUG worker ...`);",
+        "with DEBUG, an error that ends a command also prints its traceback.",
+        "",
+        *click_table(cli.main),
+        "",
         "## `runlease worker`",
         "",
         *settings_table(WorkerSettings),
+        "",
+        "### The OpenAI-compatible agent (`runlease.agents.openai:agent`)",
+        "",
+        "Read from the worker's environment when the agent first runs; there are no "
+        "options.",
+        "",
+        *environment_table(OpenAISettings),
         "",
         "## `runlease api`",
         "",
@@ -85,6 +130,14 @@ def render() -> str:
         "## `runlease operator`",
         "",
         *settings_table(OperatorSettings),
+        "",
+        "## `runlease dev`",
+        "",
+        *click_table(cli.main.commands["dev"]),
+        "",
+        "## `runlease migrate`",
+        "",
+        *click_table(cli.main.commands["migrate"]),
         "",
         "## AgentRunPool (`runlease.dev/v1alpha1`)",
         "",

@@ -9,6 +9,7 @@ terminal shows each run's state as it changes, then a summary per tenant.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from runlease.client import AsyncClient, RunView
+from runlease.client import AsyncClient, Conflict, RunView
 
 Echo = Callable[[str], None]
 
@@ -101,7 +102,9 @@ async def run_api_demo(base: str, tokens: dict[str, str], admin: str, echo: Echo
                         runs[run_id] = (kind, fresh)
                 current = runs[str(to_cancel.id)][1]
                 if not cancelled and current.status == "leased" and current.last_event_seq:
-                    await clients[current.tenant_id].cancel(current.id)
+                    # It may have finished since it was read: a 409, nothing to stop.
+                    with contextlib.suppress(Conflict):
+                        await clients[current.tenant_id].cancel(current.id)
                     cancelled = True
                 live.update(table(runs, f"runs ({time.monotonic() - started:.0f} s)"))
                 if all(r.finished for _, r in runs.values()):
@@ -115,8 +118,9 @@ async def run_api_demo(base: str, tokens: dict[str, str], admin: str, echo: Echo
         console.print(summary_table(summary))
         async with AsyncClient(base, admin) as ops:
             dead = await ops.dead_letters()
-        echo(f"dead letters (admin view): {len(dead.items)}; redrive one with "
-             f"`runlease dead redrive <id>`")
+        echo(f"dead letters (admin view): {len(dead.items)}. The demo's stack stops now; "
+             "with `runlease dev` running, `runlease dead list` and "
+             "`runlease dead redrive <id>` (admin token) handle them")
         return summary
     finally:
         for c in clients.values():

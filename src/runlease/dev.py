@@ -18,6 +18,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from runlease.api.app import create_app
 from runlease.api.auth import ADMIN, TokenRegistry
-from runlease.api.server import ApiServer
+from runlease.api.server import ApiServer, bind_socket
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate
 from runlease.settings import ApiSettings
@@ -107,6 +108,8 @@ def tokens_for(opts: DevOptions) -> tuple[TokenRegistry, dict[str, str], str]:
 
 
 async def run_dev(opts: DevOptions, echo: Echo) -> int:
+    # The port first: when it is taken, say so before starting anything.
+    sock = bind_socket(opts.host, opts.port, option="--port")
     opts.data_dir.mkdir(parents=True, exist_ok=True)
     server: EmbeddedPostgres | None = None
     url = opts.database_url
@@ -122,7 +125,7 @@ async def run_dev(opts: DevOptions, echo: Echo) -> int:
             for tenant in ("acme", "globex", "initech"):
                 tenants.setdefault(tenant, secrets.token_urlsafe(24))
                 registry.add_tenant(tenant, tenants[tenant])
-        api, api_task = await start_api(url, opts, registry)
+        api, api_task = await start_api(url, opts, registry, sock)
         fleet = WorkerFleet(url, opts.workers, opts.concurrency, opts.drain_grace_s,
                             opts.data_dir)
         fleet.start()
@@ -150,10 +153,11 @@ async def run_dev(opts: DevOptions, echo: Echo) -> int:
             await asyncio.to_thread(server.stop)
 
 
-async def start_api(url: str, opts: DevOptions,
-                    registry: TokenRegistry) -> tuple[ApiServer, asyncio.Task[None]]:
+async def start_api(url: str, opts: DevOptions, registry: TokenRegistry,
+                    sock: socket.socket) -> tuple[ApiServer, asyncio.Task[None]]:
     api = ApiServer(create_app(ApiSettings(database_url=url, host=opts.host, port=opts.port),
-                               tokens=registry), opts.host, opts.port, own_signals=False)
+                               tokens=registry), opts.host, opts.port, own_signals=False,
+                    sock=sock)
     task = asyncio.create_task(api.serve(), name="api")
     while not api.started:
         if task.done():

@@ -208,6 +208,7 @@ ROUTES = [
     ("GET", "/v1/runs/{id}", None),
     ("POST", "/v1/runs/{id}/cancel", None),
     ("GET", "/v1/runs/{id}/events", None),
+    ("GET", "/v1/runs/{id}/steps", None),
     ("POST", "/v1/runs/{id}/stream-token", None),
 ]
 ADMIN_ROUTES = [

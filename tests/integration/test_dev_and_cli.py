@@ -75,7 +75,7 @@ class Dev:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         env.pop("DATABASE_URL", None)  # the embedded default, as on a fresh machine
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -93,7 +93,7 @@ class Dev:
 
     def cli(self, *args: str, token: str = TENANT_TOKEN) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "RUNLEASE_API_URL": self.url, "RUNLEASE_TOKEN": token,
-               "PYTHONPATH": str(ROOT)}
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         return subprocess.run([sys.executable, "-m", "runlease", *args], env=env,
                               capture_output=True, text=True, timeout=60, check=False)
 
@@ -119,18 +119,34 @@ def dev() -> Iterator[Dev]:
 
 def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> None:
     assert "token      acme: " + TENANT_TOKEN in dev.log.read_text()
-    plan = json.dumps({"steps": [{"emit": {"text": "hi"}}, {"shell": ["echo", "ok"]}]})
+    # The shell also prints a terminal escape (clear screen): tail must not pass it on.
+    plan = json.dumps({"steps": [{"emit": {"text": "hi"}},
+                                 {"shell": ["printf", "ok\n\x1b[2J\n"]}]})
     run = dev.json("runs", "submit", "--input", plan, "--idempotency-key", "k1")
     tail = dev.cli("runs", "tail", run["id"])
     assert tail.returncode == 0, tail.stderr
     assert "message" in tail.stdout
     assert "end: done" in tail.stdout
+    assert "\nok\n" in tail.stdout  # the shell step's output, as it printed it
+    assert "\x1b" not in tail.stdout
+    steps = dev.json("runs", "steps", run["id"])
+    assert [(s["key"], s["result"].get("stdout")) for s in steps["items"]] == [
+        ("0", None), ("1", "ok\n\x1b[2J\n")]
+    assert "ok" in dev.cli("runs", "steps", run["id"]).stdout
+    finished = dev.cli("runs", "cancel", run["id"])  # a 409 that names the status
+    assert finished.returncode == 1
+    assert "409 invalid_transition" in finished.stderr
+    assert "in status done" in finished.stderr
     shown = dev.json("runs", "show", run["id"])
     assert (shown["status"], shown["result"]) == ("done", {"steps": 2})
     assert dev.json("runs", "submit", "--input", plan, "--idempotency-key", "k1")["id"] == \
         run["id"]
     listed = dev.json("runs", "list")
     assert [r["id"] for r in listed["items"]] == [run["id"]]
+    assert dev.json("runs", "list", "-o", "json") == listed
+    table = dev.cli("runs", "list")  # a pipe: 80 columns, and still whole ids
+    assert run["id"] in table.stdout, table.stdout
+    assert run["id"] in dev.cli("runs", "list", "--wide").stdout
 
     long = dev.json("runs", "submit", "--input",
                     json.dumps({"steps": [{"shell": ["sleep", "300"]}]}))

@@ -95,18 +95,19 @@ def kubeconfig(kmock: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> s
     return str(path)
 
 
-def database_secret(kmock: Any, db_url: str, name: str = "db") -> None:
-    kmock.objects["v1/secrets", NS, name] = {
+def database_secret(kmock: Any, db_url: str, name: str = "db", ns: str = NS) -> None:
+    kmock.objects["v1/secrets", ns, name] = {
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-secret-{name}"},
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-secret-{ns}-{name}"},
         "data": {"url": base64.b64encode(db_url.encode()).decode()},
     }
 
 
-def pool_body(name: str, **spec: Any) -> dict[str, Any]:
+def pool_body(name: str, ns: str = NS, **spec: Any) -> dict[str, Any]:
+    uid = f"uid-{name}" if ns == NS else f"uid-{ns}-{name}"
     return {
         "apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1,
+        "metadata": {"name": name, "namespace": ns, "uid": uid, "generation": 1,
                      "resourceVersion": "1"},
         "spec": {"image": "ghcr.io/acme/agents:1.2", "agent": "acme.agents:main",
                  "database": {"secretKeyRef": {"name": "db"}}} | spec,
@@ -167,8 +168,9 @@ async def running_operator(kmock: Any, db_url: str | None = None,
             raise errors[0]
 
 
-async def create_pool(kmock: Any, name: str, **spec: Any) -> dict[str, Any]:
-    body = pool_body(name, **spec)
-    response = await kmock.post(POOLS_URL, json=body)
+async def create_pool(kmock: Any, name: str, ns: str = NS, **spec: Any) -> dict[str, Any]:
+    body = pool_body(name, ns, **spec)
+    url = f"/apis/runlease.dev/v1alpha1/namespaces/{ns}/agentrunpools"
+    response = await kmock.post(url, json=body)
     assert response.status < 300, await response.text()
     return body

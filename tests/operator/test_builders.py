@@ -3,6 +3,8 @@ manifest is valid Kubernetes (strict, for the oldest version we support)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -10,8 +12,15 @@ import pytest
 
 from runlease.db.models import TenantLimit
 from runlease.operator.autoscale import decide, wanted
-from runlease.operator.build import build_all, build_deployment, build_pdb, build_service
+from runlease.operator.build import (
+    build_all,
+    build_deployment,
+    build_pdb,
+    build_service,
+    serialize,
+)
 from runlease.operator.spec import InvalidSpec, parse
+from tests.operator.hostile import HOSTILE_NAMES
 
 OLDEST_KUBERNETES = "1.27"  # docs/installation.md says so too
 OWNER = {"metadata": {"name": "batch", "uid": "uid-batch"}}
@@ -40,6 +49,7 @@ FULL = {
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
     "serviceAccountName": "agents",
+    "imagePullSecrets": [{"name": "registry"}, {"name": "mirror.example"}],
     "podAnnotations": {"example.com/team": "ml"},
     "podLabels": {"team": "ml"},
 }
@@ -82,6 +92,7 @@ def test_every_spec_field_reaches_the_manifests() -> None:
     assert pod["tolerations"] == FULL["tolerations"]
     assert pod["affinity"] == FULL["affinity"]
     assert pod["serviceAccountName"] == "agents"
+    assert pod["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror.example"}]
     template_meta = deployment["spec"]["template"]["metadata"]
     assert template_meta["annotations"] == {"example.com/team": "ml"}
     assert template_meta["labels"]["team"] == "ml"
@@ -165,12 +176,41 @@ def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str
         ({"toolEnv": [""]}, r"spec\.toolEnv"),
         ({"toolEnv": [f"V{i}" for i in range(65)]}, r"spec\.toolEnv"),
         ({"paused": "yes"}, r"spec\.paused"),
+        # Passed through to the pod, checked against the Kubernetes types.
+        ({"env": [{"name": "A", "valeu": "b"}]}, r"spec\.env\[0\]\.valeu"),
+        ({"env": [{"value": "b"}]}, r"spec\.env\[0\]\.name"),
+        ({"tolerations": [{"key": "a", "effekt": "NoSchedule"}]}, r"spec\.tolerations\[0\]"),
+        ({"affinity": {"nodeAfinity": {}}}, r"spec\.affinity\.nodeAfinity"),
+        ({"resources": {"request": {"cpu": "1"}}}, r"spec\.resources\.request"),
         ({"retentionSeconds": -1}, r"spec\.retentionSeconds"),
     ],
 )
 def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidSpec, match=field):
         parse("batch", "ml", FULL | change)
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("spec.database.secretKeyRef.name",
+         lambda v: {"database": {"secretKeyRef": {"name": v}}}),
+        ("spec.serviceAccountName", lambda v: {"serviceAccountName": v}),
+        (r"spec.imagePullSecrets\[1\].name",
+         lambda v: {"imagePullSecrets": [{"name": "ok"}, {"name": v}]}),
+    ],
+    ids=["secret", "service-account", "pull-secret"],
+)
+def test_a_name_that_is_a_path_is_refused(field: str, change: Any, name: str) -> None:
+    with pytest.raises(InvalidSpec, match=rf"^{field} must "):
+        parse("batch", "ml", FULL | change(name))
+
+
+@pytest.mark.parametrize("name", [*HOSTILE_NAMES, "a.b", "x" * 51])
+def test_a_pool_name_that_is_not_a_label_is_refused(name: str) -> None:
+    with pytest.raises(InvalidSpec, match=r"^metadata\.name must "):
+        parse(name, "ml", FULL)
 
 
 def test_the_default_pool_is_the_name_and_must_be_a_valid_pool() -> None:
@@ -205,7 +245,7 @@ def test_queue_gauges_of_a_tenant_that_left_are_removed() -> None:
     from prometheus_client import generate_latest
 
     from runlease.db.store import QueueStats
-    from runlease.operator.handlers import export
+    from runlease.operator.gauges import export
     from runlease.operator.status import Observed
 
     spec = parse("gauges", "ml", FULL | {"pool": "gauges-pool"})
@@ -220,3 +260,82 @@ def test_queue_gauges_of_a_tenant_that_left_are_removed() -> None:
     assert 'tenant="globex"' not in text
     assert 'error_code="fatal",pool="gauges-pool"' not in text
     assert 'runlease_queue_runs{pool="gauges-pool",status="leased",tenant="acme"} 1.0' in text
+
+
+def test_a_pass_decides_on_demand_and_reports_what_it_saw() -> None:
+    from datetime import UTC, datetime
+
+    from runlease.db.store import QueueStats
+    from runlease.operator.pool_pass import Observation, plan, report
+
+    spec = parse("split", "ml", FULL | {"pool": "split-pool", "concurrencyPerWorker": 1,
+                                        "autoscaling": {"targetRunsPerWorker": 1}})
+    deployment = {"spec": {"replicas": 3},
+                  "status": {"replicas": 3, "readyReplicas": 1, "updatedReplicas": 3}}
+    # 1,000 ready, of which a capped tenant may start 2; one run leased.
+    seen = Observation(deployment, 3, QueueStats({"capped": (1000, 1000, 1)}, {}, 5.0),
+                       startable=2, lease_expiries=0)
+    assert seen.demand == 3
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    decision = plan(spec, seen, None, when)
+    assert decision.replicas == 3  # not replicas.max: the backlog cannot start
+    status = report(spec, seen, decision, {}, when)
+    assert (status["replicas"], status["readyReplicas"], status["desiredReplicas"]) == (3, 1, 3)
+    assert status["queue"]["pending"] == 1000
+    assert status["pool"] == "split-pool"
+    assert status["scaleDownSince"] is None
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("label", ["full", "minimal"])
+def test_manifests_are_those_of_the_dict_builders(label: str) -> None:
+    """golden/*.json are the manifests the builders made as plain dicts,
+    before they were built from the kubernetes client's typed models: the
+    typed builders must serialise to exactly these (nothing changes by accident)."""
+    spec = FULL if label == "full" else {k: FULL[k] for k in ("image", "agent", "database")}
+    built = [serialize(m) for m in build_all(parse("batch", "ml", spec), OWNER, replicas=2)]
+    assert built == json.loads((GOLDEN / f"{label}.json").read_text())
+
+
+def test_kopf_logs_in_with_the_clients_configuration(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from runlease.operator.k8s import connection_info, load_configuration
+
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://k8s.example:6443",
+                                               "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "s3cret"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(path))  # after import: read at call time
+    info = connection_info(load_configuration())
+    assert (info.server, info.scheme, info.token, info.insecure) == (
+        "https://k8s.example:6443", "Bearer", "s3cret", True)
+
+
+def test_scheduling_and_env_sources_reach_the_pod() -> None:
+    extra = {
+        "priorityClassName": "agents-high",
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"team": "ml"}}}],
+        "envFrom": [{"configMapRef": {"name": "agent-config"}},
+                    {"secretRef": {"name": "agent-keys"}, "prefix": "AGENT_"}],
+    }
+    deployment = build_deployment(parse("batch", "ml", FULL | extra), OWNER, replicas=1)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "agents-high"
+    assert pod["topologySpreadConstraints"] == extra["topologySpreadConstraints"]
+    assert pod["containers"][0]["envFrom"] == extra["envFrom"]
+    for version in (OLDEST_KUBERNETES, "1.34"):
+        assert kubernetes_validate.validate(deployment, version, strict=True)
+    with pytest.raises(InvalidSpec, match=r"spec\.envFrom\[0\]\.configMapRf"):
+        parse("batch", "ml", FULL | {"envFrom": [{"configMapRf": {"name": "x"}}]})
+    with pytest.raises(InvalidSpec, match=r"spec\.priorityClassName must"):
+        parse("batch", "ml", FULL | {"priorityClassName": "../x"})

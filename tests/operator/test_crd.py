@@ -13,11 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
 from runlease.db.models import TenantLimit
+from runlease.operator import names
+from runlease.operator.build import build_all
 from runlease.operator.spec import parse
+from tests.operator.hostile import HOSTILE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "agentrunpools.runlease.dev.yaml").read_text())
@@ -56,7 +60,7 @@ def test_the_crd_declares_what_the_operator_needs() -> None:
     assert CRD["spec"]["scope"] == "Namespaced"
     assert set(version["subresources"]) == {"status", "scale"}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready", "Replicas", "Pending", "Leased", "Dead", "Age"]
+        "Ready", "Replicas", "Queued", "Running", "Dead", "Age"]
     jsonschema.Draft7Validator.check_schema(SCHEMA)
 
 
@@ -65,7 +69,7 @@ def test_the_commented_example_is_valid() -> None:
     spec = parse(EXAMPLE["metadata"]["name"], EXAMPLE["metadata"]["namespace"],
                  EXAMPLE["spec"])
     assert spec.tenant_overrides == {"enterprise-co": TenantLimit(100),
-                                     "free-tier": TenantLimit(2)}
+                                     "free-tier": TenantLimit(2, -10, 10)}
 
 
 def test_a_minimal_pool_is_valid() -> None:
@@ -111,3 +115,85 @@ def test_invalid_pools_are_rejected(mutate: Any) -> None:
     mutate(body["spec"])
     with pytest.raises(jsonschema.ValidationError):
         validate(body)
+
+
+def test_the_crd_checks_names_as_spec_parse_does() -> None:
+    spec = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    secret = spec["properties"]["database"]["properties"]["secretKeyRef"]["properties"]
+    named = [secret["name"], spec["properties"]["serviceAccountName"],
+             spec["properties"]["imagePullSecrets"]["items"]["properties"]["name"]]
+    for schema in named:
+        assert (schema["pattern"], schema["maxLength"]) == (
+            names.SUBDOMAIN_PATTERN, names.SUBDOMAIN_MAX_CHARS)
+    assert (secret["key"]["pattern"], secret["key"]["maxLength"]) == (
+        names.SECRET_KEY_PATTERN, names.SUBDOMAIN_MAX_CHARS)
+
+
+NAME_FIELDS = {
+    "secret": lambda s, v: s["database"]["secretKeyRef"].update(name=v),
+    "service account": lambda s, v: s.update(serviceAccountName=v),
+    "pull secret": lambda s, v: s.update(imagePullSecrets=[{"name": v}]),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+@pytest.mark.parametrize("field", list(NAME_FIELDS))
+def test_the_crd_refuses_names_that_are_paths(field: str, name: str) -> None:
+    body = copy.deepcopy(EXAMPLE)
+    NAME_FIELDS[field](body["spec"], name)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(body)
+
+
+@pytest.mark.parametrize("key", ["..", ".", "a/b", "../url", "k" * 254])
+def test_the_crd_refuses_secret_keys_that_are_paths(key: str) -> None:
+    body = copy.deepcopy(EXAMPLE)
+    body["spec"]["database"]["secretKeyRef"]["key"] = key
+    if key not in (".", ".."):  # the schema's pattern allows these; spec.parse does not
+        with pytest.raises(jsonschema.ValidationError):
+            validate(body)
+    with pytest.raises(ValueError, match=r"secretKeyRef\.key"):
+        parse("p", "ns", body["spec"])
+
+
+def test_kubectl_explain_has_a_description_for_every_field() -> None:
+    root = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    missing: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        for name, sub in (node.get("properties") or {}).items():
+            if not sub.get("description"):
+                missing.append(f"{path}.{name}")
+            walk(sub, f"{path}.{name}")
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(root["spec"], "spec")
+    walk(root["status"], "status")
+    assert missing == []
+
+
+def test_kubectl_scale_sets_the_floor_as_the_docs_say() -> None:
+    scale = CRD["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale == {"specReplicasPath": ".spec.replicas.min",
+                     "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}
+    docs = " ".join((ROOT / "docs" / "operator.md").read_text().split())
+    assert "`kubectl scale arp/NAME --replicas=N` sets `replicas.min`" in docs
+
+
+def docs_pools() -> list[dict[str, Any]]:
+    text = (ROOT / "docs" / "operator.md").read_text()
+    blocks = [yaml.safe_load(b.split("```", 1)[0]) for b in text.split("```yaml\n")[1:]]
+    return [b for b in blocks if isinstance(b, dict) and b.get("kind") == "AgentRunPool"]
+
+
+def test_each_example_pool_in_the_docs_is_valid() -> None:
+    pools = docs_pools()
+    assert len(pools) >= 7
+    owner = {"metadata": {"name": "p", "uid": "uid-p"}}
+    for body in pools:
+        validate(body)
+        spec = parse(body["metadata"]["name"], body["metadata"]["namespace"], body["spec"])
+        for manifest in build_all(spec, owner, replicas=1):
+            assert kubernetes_validate.validate(manifest, "1.31", strict=True)

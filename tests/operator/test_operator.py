@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import psycopg
@@ -25,17 +26,19 @@ from tests.operator.conftest import (
     running_operator,
     stored,
 )
+from tests.operator.hostile import HOSTILE_NAMES
 
 OWNER = {"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": "batch",
          "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}
 
 
-def pool_status(k: Any, name: str = "batch") -> dict[str, Any]:
-    return dict(stored(k, POOLS, name).get("status") or {})
+def pool_status(k: Any, name: str = "batch", ns: str = NS) -> dict[str, Any]:
+    return dict(stored(k, POOLS, name, ns).get("status") or {})
 
 
-def condition(k: Any, kind: str, name: str = "batch") -> dict[str, Any]:
-    return next(c for c in pool_status(k, name).get("conditions", []) if c["type"] == kind)
+def condition(k: Any, kind: str, name: str = "batch", ns: str = NS) -> dict[str, Any]:
+    return next(c for c in pool_status(k, name, ns).get("conditions", [])
+                if c["type"] == kind)
 
 
 async def enqueue(db_url: str, pool: str, n: int, tenant: str = "acme") -> None:
@@ -70,6 +73,9 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
         assert status["queue"] == {"pending": 0, "leased": 0, "dead": 0,
                                    "oldestPendingSeconds": 0.0}
         assert condition(kmock, "Degraded")["status"] == "False"
+        assert {c["observedGeneration"] for c in status["conditions"]} == {1}
+        assert {c["type"] for c in status["conditions"]} == {
+            "Ready", "Progressing", "Degraded", "LeasesHealthy", "Paused"}
         # The pool's row and tenant limits reached the database.
         with psycopg.connect(db_url) as conn:
             pools = conn.execute("SELECT name, max_attempts, lease_s, default_max_in_flight,"
@@ -80,6 +86,22 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
                                   " WHERE pool = 'batch' ORDER BY tenant_id").fetchall()
         assert ("batch", 3, 45, 3, 3600, True, ["GITHUB_TOKEN", "HTTPS_PROXY"]) in pools
         assert limits == [("low", None, -10, 0), ("vip", 10, None, None)]
+        # The operator's own calls all went through the kubernetes client
+        # (kopf's watches and status patches are kopf's).
+        calls = [r for r in list(kmock)
+                 if r.resource in (DEPLOYMENTS, SERVICES, PDBS, "v1/secrets")]
+        kopfs = [r for r in calls if r.headers.get("User-Agent", "").startswith("kopf")]
+        # kopf only watches Deployments (method and resource compare equal to strings).
+        assert all(r.method == "GET" and r.resource == DEPLOYMENTS and r.name is None
+                   for r in kopfs)
+        ours = [r for r in calls if r not in kopfs]
+        assert {r.method for r in ours} == {"GET", "PATCH", "POST"}
+        assert all(r.headers.get("User-Agent", "").startswith("OpenAPI-Generator/")
+                   for r in ours)
+        # Both logged in from the one configuration (the kubeconfig's token).
+        assert {r.headers.get("Authorization") for r in calls} == {"Bearer test-token"}
+        patches = {r.headers.get("Content-Type") for r in ours if r.method == "PATCH"}
+        assert patches == {"application/merge-patch+json"}
 
 
 async def test_spec_updates_reach_the_deployment_and_the_database(
@@ -231,6 +253,10 @@ async def test_a_missing_secret_is_retried_until_it_exists(kmock: Any, kubeconfi
         await create_pool(kmock, "batch")
         await eventually(lambda: condition(kmock, "Degraded")["reason"] == "SecretMissing")
         assert "no Secret 'db'" in condition(kmock, "Degraded")["message"]
+        await eventually(lambda: any(
+            isinstance(r.data, dict) and r.data.get("reason") == "SecretMissing"
+            and r.data.get("type") == "Warning"
+            for r in requests_of(kmock, method="POST", resource="v1/events")))
         database_secret(kmock, db_url)  # applied after the pool, as kubectl apply -f dir/ may
         await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"), wait_s=20)
 
@@ -248,3 +274,89 @@ async def test_two_operators_elect_one_reaper(kmock: Any, kubeconfig: str,
         await asyncio.sleep(1)
         assert leaders() == first  # one leader, the same one, while both run
         assert first[0][0].startswith("operator-")
+
+
+async def test_a_hostile_name_reaches_nothing_outside_the_namespace(
+    kmock: Any, kubeconfig: str, db_url: str
+) -> None:
+    database_secret(kmock, db_url)
+    # What the hostile names aim at: another namespace's database Secret.
+    kmock.objects["v1/secrets", "kube-system", "db"] = {
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "db", "namespace": "kube-system", "uid": "uid-system-db"},
+        "data": {"url": base64.b64encode(db_url.encode()).decode()}}
+    pools = {f"hostile-{i}": name for i, name in enumerate(HOSTILE_NAMES)}
+    async with running_operator(kmock):
+        for pool, name in pools.items():
+            await create_pool(kmock, pool, database={"secretKeyRef": {"name": name}},
+                              imagePullSecrets=[{"name": name}])
+        for pool in pools:
+            await eventually(lambda p=pool: condition(kmock, "Degraded", p)["status"] == "True")
+            degraded = condition(kmock, "Degraded", pool)
+            assert degraded["reason"] == "InvalidSpec"
+            assert degraded["message"].startswith("spec.database.secretKeyRef.name must be")
+    elsewhere = [f"{r.method} {r.url}" for r in list(kmock)
+                 if r.namespace not in (None, NS)]
+    assert elsewhere == []
+    assert requests_of(kmock, resource="v1/secrets") == []
+    assert not requests_of(kmock, method="POST", resource=DEPLOYMENTS)
+
+
+async def test_replicas_follow_work_that_can_start(kmock: Any, kubeconfig: str,
+                                                   db_url: str) -> None:
+    database_secret(kmock, db_url)
+    async with running_operator(kmock):
+        await create_pool(kmock, "batch", concurrencyPerWorker=1,
+                          replicas={"min": 1, "max": 10},
+                          autoscaling={"scaleDownDelaySeconds": 0},
+                          tenants={"overrides": [{"tenant": "capped", "maxInFlight": 2}]})
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
+        await enqueue(db_url, "batch", 1000, tenant="capped")
+        await enqueue(db_url, "batch", 3, tenant="free")
+        await eventually(lambda: pool_status(kmock).get("queue", {}).get("pending") == 1003)
+        # 2 of the capped tenant's 1,000 can start, and the free tenant's 3:
+        # five workers of one slot each, not the ten a raw count asks for.
+        assert pool_status(kmock)["desiredReplicas"] == 5
+        assert stored(kmock, DEPLOYMENTS, "batch-workers")["spec"]["replicas"] == 5
+        await kmock.patch(f"{POOLS_URL}/batch", headers=MERGE, json={
+            "metadata": {"generation": 2}, "spec": {"paused": True}})
+        assert condition(kmock, "Paused")["status"] == "False"
+        # A paused pool starts nothing: its backlog asks for no worker.
+        await eventually(lambda: pool_status(kmock).get("desiredReplicas") == 1)
+        await eventually(lambda: condition(kmock, "Paused")["observedGeneration"] == 2)
+        paused = condition(kmock, "Paused")
+        assert (paused["status"], paused["reason"]) == ("True", "SpecPaused")
+
+
+async def test_pools_of_one_name_in_two_namespaces_are_not_merged(
+    kmock: Any, kubeconfig: str, db_url: str
+) -> None:
+    other = "rl-other"
+    database_secret(kmock, db_url)
+    database_secret(kmock, db_url, ns=other)
+
+    def owner() -> Any:
+        with psycopg.connect(db_url) as conn:
+            return conn.execute("SELECT owner, max_attempts FROM agent_run_pools"
+                                " WHERE name = 'support'").fetchone()
+
+    async with running_operator(kmock, namespaces=f"{NS},{other}"):
+        await create_pool(kmock, "support", maxAttempts=4)
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "support-workers"))
+        assert owner() == (f"{NS}/support", 4)
+        await create_pool(kmock, "support", ns=other, maxAttempts=9)
+        await eventually(lambda: condition(kmock, "Degraded", "support", other)[
+            "reason"] == "PoolTaken")
+        message = condition(kmock, "Degraded", "support", other)["message"]
+        assert f"belongs to AgentRunPool {NS}/support" in message
+        assert "spec.pool" in message
+        # A few passes later: still the first pool's settings, no second set of workers.
+        await asyncio.sleep(1)
+        assert owner() == (f"{NS}/support", 4)
+        assert not [r for r in requests_of(kmock, method="POST", resource=DEPLOYMENTS)
+                    if r.namespace == other]
+        # The first one deleted, the pool is free and the second takes it.
+        await kmock.delete(f"{POOLS_URL}/support")
+        await eventually(lambda: owner() in ((None, 4), (f"{other}/support", 9)))
+        await eventually(lambda: owner() == (f"{other}/support", 9), wait_s=30)
+        await eventually(lambda: stored(kmock, DEPLOYMENTS, "support-workers", other))

@@ -12,7 +12,11 @@ earlier attempt is not run again. A step's result records the lease epoch,
 the attempt and the worker-side start and end instants, which the chaos test
 uses to prove leases never overlapped. `fail` steps fail on every attempt
 before `until_attempt` (always, without it) and pass from then on; a shell
-step that exits non-zero is a retryable failure; it sees RUNLEASE_RUN_ID,
+step that exits non-zero is a retryable failure. A shell step's output is
+stored as `tool.output` events while it runs ({"step", "stream", "text"}:
+at most 64 KiB per step, redacted, never cut inside a secret), then one
+`tool.exit` event ({"step", "returncode", "duration_s"}); the step's result
+keeps the last 2000 characters of stdout. It sees RUNLEASE_RUN_ID,
 RUNLEASE_STEP, RUNLEASE_ATTEMPT and RUNLEASE_LEASE_EPOCH in its environment,
 beside what every tool gets (docs/agents.md: PATH, HOME, ... and the pool's
 grants; never the worker's secrets).
@@ -67,8 +71,13 @@ async def _run_step(ctx: RunContext, index: int, spec: dict[str, Any]) -> dict[s
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise FatalError(f"input.steps[{index}].shell must be a list of strings")
         # The run's id, attempt and epoch come from the worker; the step is ours.
+        # Its output is shown live as `tool.output` events (never cut in a secret,
+        # bounded, redacted), then a `tool.exit` event with the exit code.
         result = await ctx.run_tool(argv, timeout_s=spec.get("timeout_s"),
-                                    env={"RUNLEASE_STEP": str(index)})
+                                    env={"RUNLEASE_STEP": str(index)},
+                                    output_event="tool.output", output_data={"step": index})
+        await ctx.emit("tool.exit", {"step": index, "returncode": result.returncode,
+                                     "duration_s": round(result.duration_s, 3)})
         if not result.ok:
             raise RetryableError(
                 f"step {index}: {argv[0]} exited {result.returncode}: {result.stderr[-500:]}")

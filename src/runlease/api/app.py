@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -32,6 +32,8 @@ from runlease.services.listener import Listener
 from runlease.settings import ApiSettings
 
 log = logging.getLogger(__name__)
+
+READY_CHECK_S = 0.5  # /readyz answers within 1 s, well inside a probe's timeout
 
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No token, or an unknown one."},
@@ -114,20 +116,33 @@ class RequestMetrics:
         await self.app(scope, receive, observing_send)
 
 
+@contextmanager
+def _naming(where: str) -> Iterator[None]:
+    try:
+        yield
+    except (ValueError, SettingsError, OSError) as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+
+
 def build_registry(settings: ApiSettings) -> TokenRegistry:
+    """The tokens; a bad one is a settings error that names where it came from."""
     registry = TokenRegistry()
-    if settings.tokens:
-        registry.load_pairs(settings.tokens)
-    for token in settings.admin_tokens:
-        registry.add(token, ADMIN)
-    if settings.tokens_file:
-        registry.load_file(settings.tokens_file)
+    with _naming("--tokens (RUNLEASE_TOKENS)"):
+        if settings.tokens:
+            registry.load_pairs(settings.tokens)
+    with _naming("--admin-tokens (RUNLEASE_ADMIN_TOKENS)"):
+        for token in settings.admin_tokens:
+            registry.add(token, ADMIN)
+    with _naming("--tokens-file (RUNLEASE_TOKENS_FILE)"):
+        if settings.tokens_file:
+            registry.load_file(settings.tokens_file)
     return registry
 
 
 def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) -> FastAPI:
     if not settings.database_url:
-        raise SettingsError("no database: set --database-url or RUNLEASE_DATABASE_URL")
+        raise SettingsError("no database: set --database-url, RUNLEASE_DATABASE_URL or "
+                            "DATABASE_URL")
     url: str = settings.database_url
     state = ApiState(settings=settings, tokens=tokens or build_registry(settings),
                      stream_tokens=StreamTokens(settings.stream_token_secret,
@@ -146,6 +161,10 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
                             application_name="runlease-api-listen")
         listener.start()
         log.info("api_started tokens=%d", len(state.tokens))
+        if not len(state.tokens):
+            log.warning("api_no_tokens every request will be refused (401): give tokens "
+                        "with --tokens, --admin-tokens or --tokens-file (RUNLEASE_TOKENS, "
+                        "RUNLEASE_ADMIN_TOKENS, RUNLEASE_TOKENS_FILE)")
         try:
             yield
         finally:
@@ -180,10 +199,13 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         store = api_state(request).store
         try:
             assert store is not None
-            async with store.connection() as conn:
-                await asyncio.wait_for(conn.execute("SELECT 1"), 2)
+            # Bounded as a whole (waiting for a connection included): a probe
+            # that hangs is a probe that times out, and says nothing.
+            async with asyncio.timeout(READY_CHECK_S), store.connection() as conn:
+                await conn.execute("SELECT 1")
         except (RunleaseError, TimeoutError, AssertionError) as exc:
-            return error_response(503, "not_ready", f"database unreachable: {exc}")
+            why = str(exc) or f"no answer within {READY_CHECK_S} s"
+            return error_response(503, "not_ready", f"database unreachable: {why}")
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics", include_in_schema=False)

@@ -59,6 +59,18 @@ async def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
     return who
 
 
+async def json_content(request: Request) -> None:
+    """A body must say it is JSON: without the header FastAPI would guess, and
+    a form post (curl -d) would read as a body with no fields (a misleading 422)."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not (media.startswith("application/")
+                                            and media.endswith("+json")):
+        got = f"got {media!r}" if media else "none was sent"
+        raise ApiError(415, "unsupported_media_type",
+                       f"Content-Type: send application/json ({got})", "Content-Type")
+
+
 Store = Annotated[RunStore, Depends(store)]
+JsonBody = Depends(json_content)
 Who = Annotated[Principal, Depends(principal)]
 Admin = Annotated[Principal, Depends(admin)]

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from runlease import metrics
 from runlease.api.auth import Principal
-from runlease.api.deps import Admin, Store, Who, api_state, bearer
+from runlease.api.deps import Admin, JsonBody, Store, Who, api_state, bearer
 from runlease.api.errors import invalid, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive
 from runlease.api.schemas import (
@@ -26,6 +26,8 @@ from runlease.api.schemas import (
     RunOut,
     RunPage,
     Status,
+    StepOut,
+    StepPage,
     StreamToken,
 )
 from runlease.core import bounds
@@ -59,10 +61,12 @@ def tenant_for(body: RunCreate, who: Principal) -> str:
 
 
 @router.post(
-    "/runs", status_code=201, response_model=RunOut,
+    "/runs", status_code=201, response_model=RunOut, dependencies=[JsonBody],
     responses={200: {"model": RunOut, "description": "The run this Idempotency-Key names."},
                409: {"model": ErrorBody, "description": "The key names another input's run."},
-               413: {"model": ErrorBody, "description": "Body over the bound."}},
+               413: {"model": ErrorBody, "description": "Body over the bound."},
+               415: {"model": ErrorBody,
+                     "description": "No `Content-Type: application/json`."}},
 )
 async def submit(
     body: RunCreate, who: Who, store: Store, response: Response,
@@ -99,12 +103,34 @@ async def get_run(run_id: UUID, who: Who, store: Store) -> RunOut:
     return RunOut.of(await store.get(run_id, tenant_id=who.scope), admin=who.admin)
 
 
-@router.post("/runs/{run_id}/cancel", status_code=202, response_model=RunOut)
+STEP_PAGE_BYTES = 4 * 1024 * 1024
+
+
+@router.get("/runs/{run_id}/steps", response_model=StepPage)
+async def steps(
+    run_id: UUID, who: Who, store: Store,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(min_length=1, max_length=255,
+                                        pattern=r"^[^\x00]+$")] = None,
+) -> StepPage:
+    """The run's committed durable steps (what its tools returned, redacted),
+    in step-key order; at most `limit` and about 4 MiB a page: pass
+    `next_cursor` back as `cursor` for the next."""
+    await store.get(run_id, tenant_id=who.scope)  # another tenant's run is a 404
+    items, next_cursor = await store.steps_page(run_id, after=cursor, limit=limit,
+                                                max_bytes=STEP_PAGE_BYTES)
+    return StepPage(items=[StepOut.of(s) for s in items], next_cursor=next_cursor)
+
+
+@router.post("/runs/{run_id}/cancel", status_code=202, response_model=RunOut,
+             responses={409: {"model": ErrorBody,
+                              "description": "The run is finished; the message says how."}})
 async def cancel(run_id: UUID, who: Who, store: Store) -> RunOut:
     """Stop a run: a pending one is cancelled at once; a running one is stopped by
     its worker, tool processes included. Closing an event stream never cancels
-    anything; only this does."""
-    return RunOut.of(await store.request_cancel(run_id, tenant_id=who.scope), admin=who.admin)
+    anything; only this does. A finished run (done, dead, cancelled) is a 409."""
+    return RunOut.of(await store.request_cancel(run_id, tenant_id=who.scope, strict=True),
+                     admin=who.admin)
 
 
 @router.post("/runs/{run_id}/stream-token", response_model=StreamToken)
@@ -213,7 +239,9 @@ async def get_pool(
     return PoolOut.of(pool, await store.tenant_settings(pool_name))
 
 
-@router.put("/pools/{pool_name}", response_model=PoolOut)
+@router.put("/pools/{pool_name}", response_model=PoolOut, dependencies=[JsonBody],
+            responses={415: {"model": ErrorBody,
+                             "description": "No `Content-Type: application/json`."}})
 async def put_pool(
     pool_name: PoolPath,
     body: PoolIn, who: Admin, store: Store,

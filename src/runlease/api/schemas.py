@@ -15,7 +15,7 @@ from runlease.core.defaults import (
     DEFAULT_PRIORITY_AGING_S,
     DEFAULT_RETENTION_S,
 )
-from runlease.db.models import Pool, Run, TenantLimit
+from runlease.db.models import Pool, Run, Step, TenantLimit
 
 POOL_PATTERN = bounds.POOL_PATTERN
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
@@ -95,6 +95,27 @@ class RunOut(BaseModel):
 
 class RunPage(BaseModel):
     items: list[RunOut]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
+
+
+class StepOut(BaseModel):
+    """A committed durable step: its result as stored (redacted), and the
+    attempt and lease epoch that committed it."""
+
+    key: str
+    result: Any = None
+    attempt: int
+    lease_epoch: int
+    created_at: datetime
+
+    @classmethod
+    def of(cls, step: Step) -> StepOut:
+        return cls(key=step.step_key, result=step.result, attempt=step.attempt,
+                   lease_epoch=step.lease_epoch, created_at=step.created_at)
+
+
+class StepPage(BaseModel):
+    items: list[StepOut]
     next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
 
 

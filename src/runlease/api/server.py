@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
+import socket
 from collections.abc import Generator
 from types import FrameType
 
@@ -16,14 +19,41 @@ import uvicorn
 from fastapi import FastAPI
 
 from runlease.api.deps import ApiState
+from runlease.errors import SettingsError
+
+log = logging.getLogger(__name__)
+
+
+def bind_socket(host: str, port: int, option: str = "--port (RUNLEASE_PORT)") -> socket.socket:
+    """The listening socket, or one line that says what to change: uvicorn's
+    own bind failure is a log line, then a traceback, then exit code 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise SettingsError(f"{option}: {host}:{port} is already in use; stop what "
+                                f"listens there, or pick another port with --port") from None
+        raise SettingsError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                            f"check --host and {option}") from None
 
 
 class ApiServer(uvicorn.Server):
-    def __init__(self, app: FastAPI, host: str, port: int, *, own_signals: bool = True) -> None:
+    def __init__(self, app: FastAPI, host: str, port: int, *, own_signals: bool = True,
+                 sock: socket.socket | None = None) -> None:
         super().__init__(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                         lifespan="on", access_log=False))
         self.app_state: ApiState = app.state.runlease
         self.own_signals = own_signals
+        self.sock = sock
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        if sockets is None:
+            self.sock = self.sock or bind_socket(self.config.host, self.config.port)
+            sockets = [self.sock]
+        host, port = sockets[0].getsockname()[:2]
+        log.info("api_listening url=http://%s:%s", f"[{host}]" if ":" in host else host, port)
+        await super().serve(sockets=sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

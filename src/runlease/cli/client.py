@@ -7,7 +7,9 @@ The API URL and token come from options or RUNLEASE_API_URL / RUNLEASE_TOKEN.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,21 +19,44 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from runlease.client import ApiError, Client, RunEnded, RunView, StreamEvent
+from runlease.client import ApiError, Client, RunEnded, RunView, StepView, StreamEvent
 from runlease.core.states import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 console = Console()
 
 
 def api_options(command: F) -> F:
-    command = click.option("--json", "as_json", is_flag=True,
-                           help="Print JSON instead of a table.")(command)
-    command = click.option("--token", envvar="RUNLEASE_TOKEN", required=True,
-                           help="Bearer token [env: RUNLEASE_TOKEN].")(command)
-    return click.option("--api-url", envvar="RUNLEASE_API_URL",
+    """--api-url, --token and the output format (`-o json` = --json, `-o wide` =
+    --wide) for a command written as f(api_url, token, as_json, ...)."""
+
+    @functools.wraps(command)
+    def formatted(*args: Any, output: str | None, wide: bool, **kwargs: Any) -> Any:
+        global console
+        if output == "json":
+            kwargs["as_json"] = True
+        if not (wide or output == "wide"):
+            return command(*args, **kwargs)
+        # Nothing cut to the terminal's width (or to 80 columns in a pipe).
+        usual, console = console, Console(width=100_000)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            console = usual
+
+    wrapped: Any = formatted
+    wrapped = click.option("--wide", is_flag=True,
+                           help="Tables at full width, nothing cut.")(wrapped)
+    wrapped = click.option("-o", "--output", type=click.Choice(["table", "wide", "json"]),
+                           help="Output format (table is the default).")(wrapped)
+    wrapped = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON instead of a table (= -o json).")(wrapped)
+    wrapped = click.option("--token", envvar="RUNLEASE_TOKEN", required=True,
+                           help="Bearer token [env: RUNLEASE_TOKEN].")(wrapped)
+    return click.option("--api-url", envvar="RUNLEASE_API_URL",  # type: ignore[no-any-return]
                         default="http://127.0.0.1:8080", show_default=True,
-                        help="[env: RUNLEASE_API_URL]")(command)
+                        help="[env: RUNLEASE_API_URL]")(wrapped)
 
 
 @contextmanager
@@ -64,7 +89,9 @@ def emit_json(value: Any) -> None:
 
 def runs_table(runs: list[RunView], title: str | None = None) -> Table:
     table = Table(title=title)
-    for column in ("id", "tenant", "pool", "status", "attempts", "error", "created"):
+    # Whole ids at any width: an id is for copying into the next command.
+    table.add_column("id", no_wrap=True, min_width=36)
+    for column in ("tenant", "pool", "status", "attempts", "error", "created"):
         table.add_column(column)
     colors = {"done": "green", "dead": "red", "cancelled": "yellow", "leased": "cyan"}
     for run in runs:
@@ -162,6 +189,34 @@ def cancel(api_url: str, token: str, as_json: bool, run_id: str) -> None:
         console.print(f"{run.id}: {state}")
 
 
+def steps_table(steps: list[StepView]) -> Table:
+    table = Table()
+    for column in ("step", "attempt", "committed", "result"):
+        table.add_column(column, overflow="fold")
+    for step in steps:
+        table.add_row(step.key, str(step.attempt), step.created_at.strftime("%H:%M:%S"),
+                      json.dumps(step.result)[:2000])
+    return table
+
+
+@runs.command("steps")
+@api_options
+@click.argument("run_id")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
+@click.option("--cursor", help="Start after this step key (a page's next cursor).")
+def steps(api_url: str, token: str, as_json: bool, run_id: str, limit: int,
+          cursor: str | None) -> None:
+    """A run's committed durable steps (what its tools returned), in key order."""
+    with client(api_url, token) as api:
+        page = api.steps(run_id, limit=limit, cursor=cursor)
+    if as_json:
+        emit_json(page)
+        return
+    console.print(steps_table(page.items))
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
+
+
 @runs.command("tail")
 @api_options
 @click.argument("run_id")
@@ -172,6 +227,11 @@ def tail(api_url: str, token: str, as_json: bool, run_id: str, after: int) -> No
         for item in api.events(run_id, after=after):
             if as_json:
                 click.echo(json.dumps(_jsonable(item)))
+            elif isinstance(item, StreamEvent) and item.kind == "tool.output" \
+                    and isinstance(item.data.get("text"), str):
+                # A tool's output as it printed it, not as JSON; but no
+                # control characters: a run's output must not drive the terminal.
+                click.echo(_CONTROL.sub("?", item.data["text"]), nl=False)
             elif isinstance(item, StreamEvent):
                 console.print(f"[dim]{item.seq:>5}[/] [bold]{item.kind}[/] "
                               f"{json.dumps(item.data)}")
@@ -314,7 +374,9 @@ def pools_upsert(api_url: str, token: str, as_json: bool, name: str,
                  paused: bool | None, default_max_in_flight: str | None,
                  priority_aging_s: int | None, tool_env: str | None,
                  limits: tuple[str, ...], bands: tuple[str, ...]) -> None:
-    """Create or update a pool, changing only what is given (also: `pools set`)."""
+    """Create or update a pool (also: `pools set`). Only what is given changes:
+    settings and tenants left out keep their current values (a new pool starts
+    from the defaults); TENANT=none removes a tenant's setting."""
     given: dict[str, Any] = {k: v for k, v in (
         ("max_attempts", max_attempts), ("lease_s", lease_s), ("retention_s", retention_s),
         ("paused", paused), ("priority_aging_s", priority_aging_s)) if v is not None}

@@ -4,7 +4,10 @@ operator (the client commands are in cli/client.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,7 +59,9 @@ def database(url: str | None, data_dir: Path) -> Iterator[str]:
 
 @click.group()
 @click.version_option(__version__, prog_name="runlease")
-@click.option("--log-level", default="INFO", show_default=True, envvar="RUNLEASE_LOG_LEVEL")
+@click.option("--log-level", default="INFO", show_default=True, envvar="RUNLEASE_LOG_LEVEL",
+              help="DEBUG, INFO, WARNING or ERROR; DEBUG also prints the traceback of an "
+                   "error that ends a command [env: RUNLEASE_LOG_LEVEL].")
 @click.option("--log-json/--no-log-json", default=False, envvar="RUNLEASE_LOG_JSON",
               help="One JSON object per log line [env: RUNLEASE_LOG_JSON].")
 def main(log_level: str, log_json: bool) -> None:
@@ -83,9 +88,11 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @main.command()
 @database_url_option
 @data_dir_option
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the API listens on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the API (0: any free one).")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64),
+              help="Worker processes (script agent, or RUNLEASE_AGENT).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
               help="Slots per worker.")
 @click.option("--token", "tokens", multiple=True, metavar="TENANT=TOKEN",
@@ -97,13 +104,20 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
         demo: bool) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
-    from runlease.api.auth import parse_token_pairs
+    from runlease.api.auth import ADMIN, TokenRegistry, parse_token_pairs
     from runlease.dev import DevOptions, run_dev
 
     try:
         tenant_tokens = dict(parse_token_pairs(tokens))
-    except ValueError as exc:
+        for tenant, token in tenant_tokens.items():  # checked now, not after PostgreSQL started
+            TokenRegistry().add_tenant(tenant, token)
+    except (ValueError, RunleaseError) as exc:
         raise click.BadParameter(str(exc), param_hint="--token") from None
+    if admin_token is not None:
+        try:
+            TokenRegistry().add(admin_token, ADMIN)
+        except RunleaseError as exc:
+            raise click.BadParameter(str(exc), param_hint="--admin-token") from None
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
                          workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
                          admin_token=admin_token, demo=demo)
@@ -126,10 +140,13 @@ def worker(**options: object) -> None:
 def api(**options: object) -> None:
     """Serve the HTTP API. Every option is also a RUNLEASE_* environment variable."""
     from runlease.api.app import create_app
-    from runlease.api.server import ApiServer
+    from runlease.api.server import ApiServer, bind_socket
 
     settings = load(ApiSettings, options)
-    server = ApiServer(create_app(settings), settings.host, settings.port)
+    app = create_app(settings)
+    # Bound before anything starts: a busy port is one line, not a traceback.
+    server = ApiServer(app, settings.host, settings.port,
+                       sock=bind_socket(settings.host, settings.port))
     asyncio.run(server.serve())
 
 
@@ -140,12 +157,36 @@ def operator(**options: object) -> None:
     reaper. Every option is also a RUNLEASE_* environment variable."""
     from runlease.operator.main import run as run_operator
 
-    run_operator(load(OperatorSettings, options))
+    settings = load(OperatorSettings, options)
+    check_cluster()
+    run_operator(settings)
+
+
+def check_cluster() -> None:
+    """Fail at once, in one line, where kopf would fail its login after a
+    page of tracebacks: no service account (not in a pod) and no kubeconfig."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    configs = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if any(os.path.exists(p) for p in configs or [os.path.expanduser("~/.kube/config")]):
+        return
+    looked = "KUBECONFIG=" + os.pathsep.join(configs) if configs else "~/.kube/config"
+    raise RunleaseError(f"no Kubernetes cluster: not in a pod, and no kubeconfig ({looked} "
+                        "does not exist); point KUBECONFIG at a cluster, or try runlease "
+                        "without one: `runlease dev`")
 
 
 def run() -> None:
+    """The entry point: an error that ends the command is one line on stderr
+    and exit code 1; the traceback only with --log-level DEBUG."""
     try:
         main(standalone_mode=True)
-    except RunleaseError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except Exception as exc:
+        if isinstance(exc, RunleaseError):
+            click.echo(f"error: {exc}", err=True)
+        else:
+            click.echo(f"error: {type(exc).__name__}: {exc} (--log-level DEBUG shows where)",
+                       err=True)
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            traceback.print_exc()
         sys.exit(1)

@@ -8,7 +8,7 @@
             print(event)
         print(api.wait(run.id).status)
 
-`AsyncClient` has the run methods (submit, get, list, cancel, wait, events) and
+`AsyncClient` has the run methods (submit, get, list, cancel, wait, events, steps) and
 dead_letters and redrive, as coroutines (events as an async iterator); it has no
 stream_token, pools or upsert_pool. Both build requests and read answers the
 same way (`calls.py`); only the I/O differs.
@@ -17,21 +17,24 @@ same way (`calls.py`); only the I/O differs.
 from __future__ import annotations
 
 from runlease.client.aio import AsyncClient
-from runlease.client.errors import RETRY_STATUSES, ApiError, NotFound, Unauthorized
+from runlease.client.errors import RETRY_STATUSES, ApiError, Conflict, NotFound, Unauthorized
 from runlease.client.sse import RunEnded, SseParser, StreamEvent
 from runlease.client.sync import Client
-from runlease.client.views import RunPage, RunView
+from runlease.client.views import RunPage, RunView, StepPage, StepView
 
 __all__ = [
     "RETRY_STATUSES",
     "ApiError",
     "AsyncClient",
     "Client",
+    "Conflict",
     "NotFound",
     "RunEnded",
     "RunPage",
     "RunView",
     "SseParser",
+    "StepPage",
+    "StepView",
     "StreamEvent",
     "Unauthorized",
 ]

@@ -13,7 +13,7 @@ import httpx
 from runlease.client.calls import Calls
 from runlease.client.errors import ApiError
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
-from runlease.client.views import RunPage, RunView
+from runlease.client.views import RunPage, RunView, StepPage
 
 
 class AsyncClient:
@@ -59,6 +59,12 @@ class AsyncClient:
 
     async def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/cancel"))
+
+    async def steps(self, run_id: UUID | str, *, limit: int = 20,
+                    cursor: str | None = None) -> StepPage:
+        """A page of the run's committed steps, in step-key order."""
+        return self._calls.step_page(await self._call(
+            "GET", f"/v1/runs/{run_id}/steps", params=self._calls.steps_params(limit, cursor)))
 
     async def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         deadline, delay = time.monotonic() + timeout_s, 0.1

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from runlease.client.errors import ApiError, NotFound, Unauthorized
-from runlease.client.views import RunPage, RunView
+from runlease.client.errors import ApiError, Conflict, NotFound, Unauthorized
+from runlease.client.views import RunPage, RunView, StepPage, StepView
 
 
 class Calls:
@@ -27,7 +27,8 @@ class Calls:
             error = response.json()["error"]
         except (ValueError, KeyError, TypeError):
             error = {"code": "http_error", "message": response.text[:500]}
-        kind = {404: NotFound, 401: Unauthorized}.get(response.status_code, ApiError)
+        kind = {404: NotFound, 401: Unauthorized, 409: Conflict}.get(response.status_code,
+                                                                   ApiError)
         raise kind(response.status_code, error.get("code", "error"),
                    error.get("message", ""), error.get("field"))
 
@@ -57,6 +58,14 @@ class Calls:
     @staticmethod
     def page(data: Mapping[str, Any]) -> RunPage:
         return RunPage([RunView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+
+    @staticmethod
+    def steps_params(limit: int, cursor: str | None) -> dict[str, Any]:
+        return {"limit": limit, **({"cursor": cursor} if cursor else {})}
+
+    @staticmethod
+    def step_page(data: Mapping[str, Any]) -> StepPage:
+        return StepPage([StepView.from_json(i) for i in data["items"]], data.get("next_cursor"))
 
     def stream_headers(self, after: int) -> dict[str, str]:
         return {**self.headers, "Accept": "text/event-stream", "Last-Event-ID": str(after)}

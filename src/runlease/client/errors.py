@@ -23,3 +23,9 @@ class NotFound(ApiError):
 
 class Unauthorized(ApiError):
     pass
+
+
+class Conflict(ApiError):
+    """409: the run's state does not allow it (cancel or redrive of a finished
+    run; the message names the status), or an Idempotency-Key reused with
+    another input."""

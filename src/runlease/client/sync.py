@@ -13,7 +13,7 @@ import httpx
 from runlease.client.calls import Calls
 from runlease.client.errors import ApiError
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
-from runlease.client.views import RunPage, RunView
+from runlease.client.views import RunPage, RunView, StepPage
 
 
 class Client:
@@ -56,6 +56,12 @@ class Client:
 
     def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(self._call("POST", f"/v1/runs/{run_id}/cancel"))
+
+    def steps(self, run_id: UUID | str, *, limit: int = 20,
+              cursor: str | None = None) -> StepPage:
+        """A page of the run's committed steps, in step-key order."""
+        return self._calls.step_page(self._call("GET", f"/v1/runs/{run_id}/steps",
+                                                params=self._calls.steps_params(limit, cursor)))
 
     def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         """Poll until the run is finished (done, dead or cancelled)."""

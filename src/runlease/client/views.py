@@ -57,3 +57,26 @@ class RunView:
 class RunPage:
     items: list[RunView]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """A committed durable step of a run, as the API shows it."""
+
+    key: str
+    result: Any
+    attempt: int
+    lease_epoch: int
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepView:
+        return cls(key=data["key"], result=data.get("result"), attempt=data["attempt"],
+                   lease_epoch=data["lease_epoch"],
+                   created_at=datetime.fromisoformat(data["created_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class StepPage:
+    items: list[StepView]
+    next_cursor: str | None

@@ -13,6 +13,8 @@ from runlease.db.executor import Conn, Executor
 from runlease.db.models import Event, Lease, Step
 from runlease.errors import ValidationError
 
+MAX_STEPS_PAGE = 500
+
 
 class EventStore(Executor):
     """Events and steps: fenced appends, and reads by run."""
@@ -60,6 +62,22 @@ class EventStore(Executor):
     async def get_steps(self, run_id: UUID, *, conn: Conn | None = None) -> dict[str, Step]:
         rows = await self._rows("run_steps_get", {"id": run_id}, conn)
         return {r["step_key"]: Step.from_row(r) for r in rows}
+
+    async def steps_page(
+        self, run_id: UUID, *, after: str | None = None, limit: int = 20,
+        max_bytes: int = 4 * bounds.MAX_STEP_RESULT_BYTES, conn: Conn | None = None,
+    ) -> tuple[list[Step], str | None]:
+        """A page of a run's steps in step-key order, at most `limit` and about
+        `max_bytes` of results; and the cursor of the next page (None: last)."""
+        if not 1 <= limit <= MAX_STEPS_PAGE:
+            raise ValidationError("limit", f"must be between 1 and {MAX_STEPS_PAGE}")
+        if after is not None:
+            bounds.check_step_key(after)
+        rows = await self._rows("run_steps_page", {"id": run_id, "after": after, "limit": limit,
+                                                   "max_bytes": max_bytes}, conn)
+        steps = [Step.from_row({**r, "run_id": run_id}) for r in rows if r["fits"]]
+        more = len(rows) == limit or len(steps) < len(rows)
+        return steps, (steps[-1].step_key if more and steps else None)
 
     async def events_after(
         self, run_id: UUID, after: int = 0, *, limit: int = 1000, conn: Conn | None = None

@@ -88,6 +88,23 @@ class PoolStore(Executor):
             await self.replace_tenant_limits(pool.name, limits, conn=c)
         return stored
 
+    async def claim_pool_owner(self, pool: str, owner: str, *,
+                               conn: Conn | None = None) -> str:
+        """Make `owner` the pool's owner unless it has another; the owner it
+        has now (the operator compares it with its own key)."""
+        bounds.check_pool(pool)
+        rows = await self._rows("pool_owner_claim", {"name": pool, "owner": owner}, conn)
+        return str(rows[0]["owner"])
+
+    async def pool_owner(self, pool: str, *, conn: Conn | None = None) -> str | None:
+        rows = await self._rows("pool_owner_get", {"name": pool}, conn)
+        return rows[0]["owner"] if rows else None
+
+    async def release_pool_owner(self, pool: str, owner: str, *,
+                                 conn: Conn | None = None) -> None:
+        """The pool has no owner any more, if `owner` was it."""
+        await self._rows("pool_owner_release", {"name": pool, "owner": owner}, conn)
+
     async def set_tenant_limit(
         self, pool: str, tenant_id: str, max_in_flight: int | None, *, conn: Conn | None = None
     ) -> None:

@@ -162,18 +162,21 @@ class QueueStore(Executor):
                 raise IdempotencyConflict(rows[0]["id"], key)
 
     async def request_cancel(
-        self, run_id: UUID, *, tenant_id: str | None = None, conn: Conn | None = None
+        self, run_id: UUID, *, tenant_id: str | None = None, strict: bool = False,
+        conn: Conn | None = None,
     ) -> Run:
         """Stop a run: a pending one is cancelled at once, a leased one gets
         cancel_requested_at and its worker is notified. A finished run is
-        returned unchanged."""
+        returned unchanged, or with `strict` raises InvalidTransition (its status)."""
         rows = await self._rows(
             "run_request_cancel",
             {"id": run_id, "tenant": tenant_id, "channel": CANCEL_CHANNEL},
             conn,
         )
-        del rows  # the run as it is now is what callers want
-        return await self.get(run_id, tenant_id=tenant_id, conn=conn)
+        run = await self.get(run_id, tenant_id=tenant_id, conn=conn)
+        if strict and not rows:
+            raise InvalidTransition(run_id, "cancel", run.status)
+        return run
 
     async def reap(self, *, batch: int = 1000, conn: Conn | None = None) -> ReapResult:
         """Expired leases back to pending (or dead / cancelled), one bounded batch."""

@@ -46,6 +46,12 @@ class StatsStore(Executor):
                                 if r["oldest_ready_s"] is not None), default=0.0),
         )
 
+    async def startable_runs(self, pool: str, *, conn: Conn | None = None) -> int:
+        """Pending runs a claim could take now: due, within their tenant's
+        cap, none while the pool is paused (the autoscaler's demand)."""
+        rows = await self._rows("pool_startable", {"pool": pool}, conn)
+        return int(rows[0]["n"])
+
     async def leases_by_holder(self, pool: str, *, conn: Conn | None = None) -> dict[str, int]:
         """Leased runs per holder: the first part of locked_by (a pod's UID)."""
         rows = await self._rows("pool_leases_by_holder", {"pool": pool}, conn)

@@ -1,4 +1,9 @@
-"""Replicas from queue depth: up at once, down only after a delay. Pure."""
+"""Replicas from demand: up at once, down only after a delay. Pure.
+
+Demand (`depth` here) is the runs a claim could start now plus the runs
+leased (handlers.demand, store.startable_runs): a backlog that tenant caps,
+backoff or a pause keep from starting asks for no worker.
+"""
 
 from __future__ import annotations
 

@@ -7,9 +7,12 @@ distinct URL, so ten pools on one database share one of each.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from dataclasses import dataclass
+
+from psycopg.conninfo import conninfo_to_dict
 
 from runlease.db.connect import make_pool
 from runlease.db.store import RunStore
@@ -63,16 +66,36 @@ class Databases:
         return db
 
     async def for_pool(self, k8s: Kubernetes, spec: PoolSpec) -> Database:
-        secret = await k8s.get(f"/api/v1/namespaces/{spec.namespace}/secrets/"
-                               f"{spec.database_secret}")
-        if secret is None:
+        data = await k8s.secret_data(spec.namespace, spec.database_secret)
+        if data is None:
             raise SecretMissing(f"spec.database.secretKeyRef: no Secret "
                                 f"{spec.database_secret!r} in {spec.namespace}")
-        encoded = (secret.get("data") or {}).get(spec.database_key)
+        encoded = data.get(spec.database_key)
         if not encoded:
             raise SecretMissing(f"spec.database.secretKeyRef: Secret {spec.database_secret!r} "
                                 f"has no key {spec.database_key!r}")
         return await self.for_url(base64.b64decode(encoded).decode())
+
+    @property
+    def count(self) -> int:
+        return len(self._by_url)
+
+    async def unreachable(self, timeout_s: float) -> list[str]:
+        """The databases that do not answer SELECT 1 within timeout_s, each
+        as host:port/dbname (never the URL: it may hold a password)."""
+
+        async def answers(db: Database) -> bool:
+            try:
+                async with db.store.connection() as conn:
+                    await conn.execute("SELECT 1")
+            except Exception:  # unreachable, whatever the reason
+                return False
+            return True
+
+        dbs = list(self._by_url.items())
+        results = await asyncio.gather(*(asyncio.wait_for(answers(db), timeout_s)
+                                         for _, db in dbs), return_exceptions=True)
+        return [where(url) for (url, _), ok in zip(dbs, results, strict=True) if ok is not True]
 
     async def close(self) -> None:
         for db in self._by_url.values():
@@ -81,3 +104,11 @@ class Databases:
                     await service.stop(2)
             await db.store.pool.close()
         self._by_url.clear()
+
+
+def where(url: str) -> str:
+    try:
+        info = conninfo_to_dict(url)
+    except Exception:  # a URL psycopg cannot parse would not have connected either
+        return "(unparsable URL)"
+    return f"{info.get('host', '')}:{info.get('port', 5432)}/{info.get('dbname', '')}"

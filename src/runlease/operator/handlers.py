@@ -5,15 +5,16 @@ the autoscaler, apply what those return, and write status.
                                Deployment, Service and PDB applied (patch,
                                never replace); a bad spec is a PermanentError
                                shown in status and as an Event
-    timer                      queue statistics -> replicas (up at once, down
-                               after the delay, pods annotated with their
-                               deletion cost first), drift repaired by
-                               re-applying, status and metrics
+    timer                      one pass (pool_pass.py: observe, decide, act,
+                               report): demand -> replicas, drift repaired,
+                               status and gauges
+    delete (optional)          the pool row's owner released (ownership.py)
     Deployment DELETED         put back at once
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -21,18 +22,18 @@ import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
-import aiohttp
 import kopf
+from kubernetes.config import ConfigException
 
 from runlease import metrics
 from runlease.db.models import Pool
-from runlease.db.store import QueueStats
 from runlease.errors import RunleaseError
-from runlease.operator import build
+from runlease.operator import build, ownership, pool_pass
 from runlease.operator import status as st
-from runlease.operator.autoscale import decide, wanted
 from runlease.operator.databases import Databases, SecretMissing
-from runlease.operator.k8s import ApiError, Kubernetes
+from runlease.operator.health import Health
+from runlease.operator.k8s import ApiError, Kubernetes, connection_info, load_configuration
+from runlease.operator.ownership import PoolTaken
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer
 from runlease.services.identity import boot_id
@@ -42,25 +43,27 @@ log = logging.getLogger(__name__)
 
 PLURAL = "agentrunpools"
 TICK_S = 0.5  # the timer's own pace; each pool's pass runs every settings.interval_s
-TRANSIENT = (ApiError, RunleaseError, aiohttp.ClientError, TimeoutError, SecretMissing)
+POOL_TAKEN_RETRY_S = 15  # a refused pool is tried again: its owner may have gone
+TRANSIENT = (ApiError, RunleaseError, TimeoutError, SecretMissing)
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
-def credentials(settings: kopf.OperatorSettings, logger: Any) -> kopf.ConnectionInfo | None:
-    # KUBECONFIG is read now, not at import time (as kubernetes.config does).
-    info: kopf.ConnectionInfo | None = (
-        kopf.login_with_service_account(settings=settings, logger=logger)
-        or kopf.login_with_kubeconfig(settings=settings, logger=logger))
-    return info
+def credentials() -> kopf.ConnectionInfo | None:
+    """kopf's credentials: the kubernetes client's configuration (in-cluster,
+    else KUBECONFIG, read now), so kopf and the client log in alike."""
+    try:
+        return connection_info(load_configuration())
+    except (ConfigException, OSError) as exc:
+        log.warning("kubernetes_credentials_missing error=%s", exc)
+        return None
 
 
 @kopf.on.login()
-def login(settings: kopf.OperatorSettings, logger: Any,
-          **_: Any) -> kopf.ConnectionInfo | None:
-    return credentials(settings, logger)
+def login(**_: Any) -> kopf.ConnectionInfo | None:
+    return credentials()
 
 
 @kopf.on.startup()
@@ -73,10 +76,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
         prefix="runlease.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="runlease.dev", key="last-handled-configuration")
-    info = credentials(settings, logger)
-    if info is None:
-        raise kopf.PermanentError("no Kubernetes credentials (service account or KUBECONFIG)")
-    memo.k8s = Kubernetes(info)
+    try:
+        memo.k8s = Kubernetes(load_configuration())
+    except (ConfigException, OSError) as exc:
+        raise kopf.PermanentError(f"no Kubernetes credentials (service account or "
+                                  f"KUBECONFIG): {exc}") from exc
     who = os.environ.get("POD_NAME") or socket.gethostname()
     memo.dbs = Databases(config, f"operator-{who}:{boot_id()}:{os.getpid()}")
     await memo.dbs.start()
@@ -84,9 +88,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any,
     memo.last_pass = {}
     memo.probes = None
     if config.metrics_port:
+        started: asyncio.Event | None = getattr(memo, "started", None)
+        health = Health(memo.dbs, memo.k8s,
+                        None if config.all_namespaces else config.namespaces[0],
+                        started=lambda: started is None or started.is_set())
         memo.probes = ProbeServer(config.metrics_host, config.metrics_port,
-                                  health=lambda: (True, "ok"),
-                                  ready=lambda: (True, "ok"))
+                                  health=health.live, ready=health.ready)
         await memo.probes.start()
 
 
@@ -100,34 +107,23 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo.k8s.close()
 
 
-def replicas_of(deployment: dict[str, Any]) -> int:
-    """The replicas a Deployment asks for (its spec, not its status)."""
-    return int((deployment.get("spec") or {}).get("replicas") or 0)
-
-
-def depth(stats: QueueStats) -> int:
-    """The runs that want a worker now: ready or leased."""
-    return stats.ready + stats.leased
-
-
 async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
     """Database rows, then manifests. Raises InvalidSpec for a bad spec."""
     meta = body["metadata"]
     spec = parse(meta["name"], meta["namespace"], body.get("spec") or {})
     db = await memo.dbs.for_pool(memo.k8s, spec)
+    # Another namespace's AgentRunPool of the same pool name must not take
+    # over this pool's queue and settings (ownership.py).
+    await ownership.claim(db.store, spec)
     # The pool row is the one source workers and the reaper read (lease,
     # retention, pause, tool env): the spec writes all of it.
     await db.store.put_pool(Pool(spec.pool, spec.max_attempts, spec.lease_s,
                                  spec.default_max_in_flight, spec.priority_aging_s,
                                  spec.retention_s, spec.paused, spec.tool_env),
                             spec.tenant_overrides)
-    existing = await memo.k8s.deployment(spec.namespace, build.names(spec)["deployment"])
-    if existing is not None:
-        replicas = replicas_of(existing)
-    else:
-        replicas = wanted(spec, depth(await db.store.queue_stats(spec.pool)))
-    for manifest in build.build_all(spec, body, replicas):
-        await memo.k8s.apply(manifest)
+    replicas = await pool_pass.first_replicas(spec, memo.k8s, db)
+    for obj in build.objects(spec, body, replicas):
+        await memo.k8s.apply(obj)
     return spec
 
 
@@ -144,10 +140,19 @@ async def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: k
         patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status)))
         kopf.warn(body, reason="InvalidSpec", message=str(exc))
         raise kopf.PermanentError(str(exc)) from None
+    except PoolTaken as exc:
+        metrics.RECONCILE_ERRORS.labels(ownership.REASON).inc()
+        patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status),
+                                       reason=ownership.REASON))
+        kopf.warn(body, reason=ownership.REASON, message=str(exc))
+        raise kopf.TemporaryError(str(exc), delay=POOL_TAKEN_RETRY_S) from None
     except TRANSIENT as exc:
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         patch.status.update(st.invalid(str(exc), generation, now(), dict(body.status),
                                        reason=type(exc).__name__))
+        # A database or API error, as an Event too (the API server folds
+        # repeats of one message into a count).
+        kopf.warn(body, reason=type(exc).__name__, message=str(exc)[:500])
         raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=5) from exc
     patch.status["observedGeneration"] = generation
     patch.status["selector"] = build.selector_string(spec)
@@ -168,96 +173,23 @@ async def tick(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, memo: kopf.M
     except InvalidSpec:
         return  # reconcile reported it; nothing to scale
     try:
-        patch.status.update(await observe_and_scale(dict(body), spec, memo))
+        db = await memo.dbs.for_pool(memo.k8s, spec)
+        observed = await pool_pass.run(dict(body), spec, memo.k8s, db,
+                                       lease_window_s=config.lease_window_s,
+                                       low_since=memo.low_since)
+    except PoolTaken as exc:
+        # reconcile reported it (with an Event); keep the status saying so.
+        patch.status.update(st.invalid(str(exc), None, now(), dict(body.status),
+                                       condition_generation=meta.get("generation"),
+                                       reason=ownership.REASON))
+        return
     except TRANSIENT as exc:
         metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
         log.warning("pool_pass_failed name=%s error=%s", spec.name, exc)
         kopf.warn(body, reason="ReconcileError", message=str(exc)[:500])
-
-
-async def observe_and_scale(body: dict[str, Any], spec: PoolSpec,
-                            memo: kopf.Memo) -> dict[str, Any]:
-    config: OperatorSettings = memo.config
-    k8s: Kubernetes = memo.k8s
-    db = await memo.dbs.for_pool(k8s, spec)
-    deployment = await k8s.deployment(spec.namespace, build.names(spec)["deployment"])
-    current = replicas_of(deployment) if deployment else spec.replicas_min
-    key = (spec.namespace, spec.name)
-    previous = body.get("status") or {}
-    # One pooled connection for the pass's queries.
-    async with db.store.connection() as conn:
-        stats = await db.store.queue_stats(spec.pool, conn=conn)
-        expiries = await db.store.lease_expiries(spec.pool, config.lease_window_s, conn=conn)
-        runs = depth(stats)
-        low_since = memo.low_since.get(key) or st.parse_time(previous.get("scaleDownSince"))
-        decision = decide(spec, current, runs, low_since, now())
-        memo.low_since[key] = decision.low_since
-        leases = (await db.store.leases_by_holder(spec.pool, conn=conn)
-                  if decision.replicas < current else None)
-    if leases is not None:
-        await set_deletion_costs(spec, leases, k8s)
-    # Applying every pass repairs drift: a hand-edited or deleted object is put back.
-    for manifest in build.build_all(spec, body, decision.replicas):
-        await k8s.apply(manifest)
-    if decision.replicas != current and deployment is not None:
-        direction = "up" if decision.replicas > current else "down"
-        metrics.SCALE_CHANGES.labels(direction).inc()
-        kopf.info(cast(kopf.Body, body), reason=f"Scaled{direction.capitalize()}",
-                  message=f"workers {current} -> {decision.replicas} for {runs} runs "
-                          f"(ready {stats.ready}, leased {stats.leased})")
-    dep_status = (deployment or {}).get("status") or {}
-    observed = st.Observed(
-        replicas=int(dep_status.get("replicas") or 0),
-        ready=int(dep_status.get("readyReplicas") or 0),
-        updated=int(dep_status.get("updatedReplicas") or 0), desired=decision.replicas,
-        queue=stats, lease_expiries=expiries)
-    export(spec, observed)
-    out = st.status(observed, now(), previous)
-    out["scaleDownSince"] = st.format_time(decision.low_since) if decision.low_since else None
-    out["selector"] = build.selector_string(spec)
-    out["pool"] = spec.pool
-    return out
-
-
-async def set_deletion_costs(spec: PoolSpec, leases: dict[str, int], k8s: Kubernetes) -> None:
-    """Before scaling in, tell the ReplicaSet which workers are cheapest to
-    remove: their number of leased runs (`leases`, by locked_by's pod UID,
-    from store.leases_by_holder). Idle workers go first; a busy one drains
-    and releases its runs."""
-    for pod in await k8s.pods(spec.namespace, build.selector(spec)):
-        meta = pod.get("metadata") or {}
-        cost = str(leases.get(meta.get("uid", ""), 0))
-        if (meta.get("annotations") or {}).get(build.DELETION_COST) != cost:
-            await k8s.annotate_pod(spec.namespace, meta["name"], {build.DELETION_COST: cost})
-
-
-# Label sets exported per pool at the last pass: a tenant whose queue emptied,
-# or an error code whose dead runs retention deleted, must go back to zero,
-# not keep its last value.
-_exported: dict[str, tuple[set[tuple[str, str]], set[str]]] = {}
-
-
-def export(spec: PoolSpec, observed: st.Observed) -> None:
-    stats = observed.queue
-    queue_now = {(tenant, state) for tenant in stats.by_tenant
-                 for state in ("pending", "ready", "leased")}
-    dead_now = {code or "" for code in stats.dead_by_code}
-    queue_before, dead_before = _exported.get(spec.pool, (set(), set()))
-    for tenant, state in queue_before - queue_now:
-        metrics.QUEUE_RUNS.remove(spec.pool, tenant, state)
-    for code in dead_before - dead_now:
-        metrics.DEAD_RUNS.remove(spec.pool, code)
-    _exported[spec.pool] = (queue_now, dead_now)
-    for tenant, (pending, ready, leased) in stats.by_tenant.items():
-        for state, value in (("pending", pending), ("ready", ready), ("leased", leased)):
-            metrics.QUEUE_RUNS.labels(spec.pool, tenant, state).set(value)
-    for error_code, n in stats.dead_by_code.items():
-        metrics.DEAD_RUNS.labels(spec.pool, error_code or "").set(n)
-    metrics.OLDEST_PENDING.labels(spec.pool).set(stats.oldest_ready_s)
-    metrics.LEASE_EXPIRIES.labels(spec.pool).set(observed.lease_expiries)
-    metrics.DESIRED_REPLICAS.labels(spec.namespace, spec.pool).set(observed.desired)
-    metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "total").set(observed.replicas)
-    metrics.POOL_REPLICAS.labels(spec.namespace, spec.pool, "ready").set(observed.ready)
+        return
+    if observed is not None:
+        patch.status.update(observed)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={build.OWNER_LABEL: kopf.PRESENT})
@@ -269,8 +201,9 @@ async def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Mem
     meta = body.get("metadata") or {}
     owner = (meta.get("labels") or {}).get(build.OWNER_LABEL)
     namespace = meta.get("namespace")
-    pool = await memo.k8s.get(f"/apis/{build.GROUP}/{build.VERSION}/namespaces/{namespace}/"
-                              f"{PLURAL}/{owner}")
+    if not isinstance(owner, str) or not isinstance(namespace, str):
+        return
+    pool = await memo.k8s.pool(namespace, owner)
     if pool is None or (pool.get("metadata") or {}).get("deletionTimestamp"):
         return  # the pool is gone: the Deployment went with it
     try:
@@ -278,5 +211,21 @@ async def deployment_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Mem
         log.warning("deployment_recreated pool=%s namespace=%s", owner, namespace)
         kopf.info(cast(kopf.Body, pool), reason="Recreated",
                   message="the worker Deployment was deleted; recreated")
-    except InvalidSpec:
+    except (InvalidSpec, PoolTaken):
         return
+
+
+@kopf.on.delete(build.GROUP, build.VERSION, PLURAL, optional=True)
+async def deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The pool's runs and row stay (docs/operator.md); its ownership goes,
+    so an AgentRunPool elsewhere may name the pool. Best effort, without a
+    finalizer: an operator that misses the deletion leaves the owner set."""
+    meta = body.get("metadata") or {}
+    try:
+        spec = parse(meta["name"], meta["namespace"], dict(body.spec))
+        db = await memo.dbs.for_pool(memo.k8s, spec)
+        await ownership.release(db.store, spec)
+    except (InvalidSpec, *TRANSIENT) as exc:
+        log.warning("pool_release_failed name=%s error=%s", meta.get("name"), exc)
+        return
+    log.info("pool_released name=%s namespace=%s pool=%s", spec.name, spec.namespace, spec.pool)

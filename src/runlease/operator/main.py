@@ -36,16 +36,32 @@ async def operator(config: OperatorSettings, *, settings: kopf.OperatorSettings 
     import runlease.operator.handlers  # noqa: F401 - registers the handlers
 
     settings = settings or kopf_settings(config)
-    # Peering is configured through `settings` only: kopf.operator's own
-    # peering_name argument would make peering mandatory even when standalone.
-    await kopf.operator(
-        settings=settings,
-        clusterwide=config.all_namespaces,
-        namespaces=list(config.namespaces),
-        memo=kopf.Memo(config=config),
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-    )
+    # kopf sets `started` once its startup handlers ran and its watches
+    # began: /readyz waits for it (operator/health.py), and the caller's
+    # ready_flag follows it.
+    started = asyncio.Event()
+    relay = None if ready_flag is None else asyncio.create_task(
+        _follow(started, ready_flag), name="runlease ready relay")
+    try:
+        # Peering is configured through `settings` only: kopf.operator's own
+        # peering_name argument would make peering mandatory even when standalone.
+        await kopf.operator(
+            settings=settings,
+            clusterwide=config.all_namespaces,
+            namespaces=list(config.namespaces),
+            memo=kopf.Memo(config=config, started=started),
+            stop_flag=stop_flag,
+            ready_flag=started,
+        )
+    finally:
+        if relay is not None:
+            relay.cancel()
+
+
+async def _follow(started: asyncio.Event,
+                  ready_flag: asyncio.Event | threading.Event) -> None:
+    await started.wait()
+    ready_flag.set()
 
 
 def run(config: OperatorSettings) -> None:

@@ -13,9 +13,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
+from kubernetes import client as k
+from pydantic import BaseModel
+from pydantic import ValidationError as ModelError
+
 from runlease.core import bounds
 from runlease.db.models import DEFAULT_RETENTION_S, TenantLimit
 from runlease.errors import ValidationError
+from runlease.operator import names
 
 T = TypeVar("T")
 
@@ -62,6 +67,10 @@ class PoolSpec:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     affinity: dict[str, Any] = field(default_factory=dict)
     service_account_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    priority_class_name: str | None = None
+    topology_spread_constraints: list[dict[str, Any]] = field(default_factory=list)
+    env_from: list[dict[str, Any]] = field(default_factory=list)
     pod_annotations: dict[str, str] = field(default_factory=dict)
     pod_labels: dict[str, str] = field(default_factory=dict)
 
@@ -114,9 +123,8 @@ def _strings(spec: Mapping[str, Any], key: str) -> dict[str, str]:
 
 def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     """The spec of AgentRunPool `name`, checked, defaults filled."""
-    if len(name) > MAX_NAME_CHARS:
-        # Its name becomes label values (at most 63) and "<name>-metrics".
-        raise InvalidSpec(f"metadata.name must be at most {MAX_NAME_CHARS} characters")
+    # Its name becomes label values (at most 63) and "<name>-metrics".
+    _named("metadata.name", partial(names.label, max_chars=MAX_NAME_CHARS), name)
     image = spec.get("image")
     if not isinstance(image, str) or not image:
         raise InvalidSpec("spec.image is required")
@@ -126,15 +134,20 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     pool = _bounded("spec.pool" if spec.get("pool") else "metadata.name (the default pool name)",
                     bounds.check_pool, spec.get("pool") or name)
     secret = _mapping(_mapping(spec, "database"), "secretKeyRef")
-    if not isinstance(secret.get("name"), str) or not secret["name"]:
+    if secret.get("name") is None:
         raise InvalidSpec("spec.database.secretKeyRef.name is required")
+    # The operator reads this Secret itself: a name that is not a name could
+    # point its request elsewhere.
+    secret_name = _named("spec.database.secretKeyRef.name", names.subdomain, secret["name"])
+    secret_key = _named("spec.database.secretKeyRef.key", names.secret_key,
+                        secret.get("key", "url"))
     policy = spec.get("imagePullPolicy", "IfNotPresent")
     if policy not in PULL_POLICIES:
         raise InvalidSpec(f"spec.imagePullPolicy must be one of {', '.join(PULL_POLICIES)}")
     default_limit = _optional_int(spec, "tenants.defaultMaxInFlight")
     parsed = PoolSpec(
         name=name, namespace=namespace, pool=pool, image=image, agent=agent,
-        database_secret=secret["name"], database_key=str(secret.get("key") or "url"),
+        database_secret=secret_name, database_key=secret_key,
         image_pull_policy=policy,
         concurrency_per_worker=_int(spec, "concurrencyPerWorker", 10, 1, 1000),
         replicas_min=_int(spec, "replicas.min", 1, 0, 1000),
@@ -160,12 +173,45 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         node_selector=_strings(spec, "nodeSelector"),
         tolerations=_list(spec, "tolerations"),
         affinity=_mapping(spec, "affinity"),
-        service_account_name=spec.get("serviceAccountName") or None,
+        service_account_name=_optional_name(spec, "serviceAccountName"),
+        image_pull_secrets=_pull_secrets(spec),
+        priority_class_name=_optional_name(spec, "priorityClassName"),
+        topology_spread_constraints=_list(spec, "topologySpreadConstraints"),
+        env_from=_list(spec, "envFrom"),
         pod_annotations=_strings(spec, "podAnnotations"),
         pod_labels=_strings(spec, "podLabels"),
     )
     _check_relations(parsed)
+    _check_models(parsed)
     return parsed
+
+
+def _typed(where: str, model: type[BaseModel], value: object) -> None:
+    try:
+        model.model_validate(value)
+    except ModelError as exc:
+        first = exc.errors()[0]
+        at = ".".join(str(part) for part in first["loc"])
+        raise InvalidSpec(f"{where}{'.' + at if at else ''}: {first['msg']}") from None
+
+
+def _check_models(parsed: PoolSpec) -> None:
+    """What passes through to the worker pod is checked against the
+    Kubernetes types now: a misspelt field is an invalid spec, not a field
+    the API server drops (or a Deployment it refuses) later."""
+    for i, env in enumerate(parsed.env):
+        _typed(f"spec.env[{i}]", k.V1EnvVar, env)
+    for i, source in enumerate(parsed.env_from):
+        _typed(f"spec.envFrom[{i}]", k.V1EnvFromSource, source)
+    for i, constraint in enumerate(parsed.topology_spread_constraints):
+        _typed(f"spec.topologySpreadConstraints[{i}]", k.V1TopologySpreadConstraint,
+               constraint)
+    for i, toleration in enumerate(parsed.tolerations):
+        _typed(f"spec.tolerations[{i}]", k.V1Toleration, toleration)
+    if parsed.affinity:
+        _typed("spec.affinity", k.V1Affinity, parsed.affinity)
+    if parsed.resources:
+        _typed("spec.resources", k.V1ResourceRequirements, parsed.resources)
 
 
 def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:
@@ -188,6 +234,23 @@ def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:
             raise InvalidSpec(f"{where}.{exc.field}: {exc.message}") from None
         overrides[tenant] = TenantLimit(limit, lo, hi)
     return overrides
+
+
+def _named(where: str, check: Callable[[object], str], value: object) -> str:
+    try:
+        return check(value)
+    except names.InvalidName as exc:
+        raise InvalidSpec(f"{where} {exc}") from None
+
+
+def _optional_name(spec: Mapping[str, Any], key: str) -> str | None:
+    value = spec.get(key)
+    return None if value is None else _named(f"spec.{key}", names.subdomain, value)
+
+
+def _pull_secrets(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(_named(f"spec.imagePullSecrets[{i}].name", names.subdomain, item.get("name"))
+                 for i, item in enumerate(_list(spec, "imagePullSecrets")))
 
 
 def _bool(spec: Mapping[str, Any], key: str) -> bool:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from runlease.errors import SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,15 @@ class ProbeServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        try:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        except OSError as exc:
+            # One line naming the setting, not a traceback (both processes
+            # call it --metrics-port).
+            taken = " is already in use" if exc.errno == errno.EADDRINUSE else f": {exc}"
+            raise SettingsError(f"--metrics-port (RUNLEASE_METRICS_PORT): {self.host}:"
+                                f"{self.port}{taken}; pick another, or 0 to turn "
+                                "/metrics off") from None
         sock = self._server.sockets[0].getsockname()
         self.port = int(sock[1])
         log.info("probe_server_listening host=%s port=%s", self.host, self.port)

@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import os
 import re
+import sys
 from dataclasses import dataclass
+from typing import Any
 
 from runlease.core.bounds import check_pool
 from runlease.errors import SettingsError, ValidationError
 from runlease.settings.mechanism import describe, import_object, setting
 from runlease.settings.reaper import ReaperSettings
+
+
+def load_agent(spec: str, app_dir: str = ".") -> Any:
+    """The --agent callable, imported with app_dir first on the path (as
+    uvicorn's --app-dir: `runlease worker --agent mymodule:agent` works from
+    the module's folder) and refused at start unless it is async."""
+    where = describe("agent")
+    if app_dir and (path := os.path.abspath(app_dir)) not in sys.path:
+        sys.path.insert(0, path)
+    try:
+        agent = import_object(spec)
+    except SettingsError as exc:
+        raise SettingsError(f"{where}: {exc} (searched {app_dir or 'nothing'!s} from "
+                            f"--app-dir, then the installed packages)") from None
+    if not (inspect.iscoroutinefunction(agent)
+            or inspect.iscoroutinefunction(getattr(agent, "__call__", None))):  # noqa: B004
+        raise SettingsError(f"{where}: {spec} is not an async function; an agent is "
+                            "`async def agent(ctx): ...` (the worker awaits it)")
+    return agent
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -18,6 +41,8 @@ class WorkerSettings(ReaperSettings):
 
     agent: str = setting(help="The agent to run, as module:callable (an async function "
                               "taking a RunContext).")
+    app_dir: str = setting(".", "Folder put first on the import path before --agent is "
+                                "imported (as uvicorn's --app-dir); '' adds none.")
     database_url: str | None = setting(
         None, "PostgreSQL URL for claims, heartbeats and agent writes.", env=("DATABASE_URL",))
     listen_database_url: str | None = setting(
@@ -79,7 +104,7 @@ class WorkerSettings(ReaperSettings):
             check_pool(self.pool)
         except ValidationError as exc:
             raise SettingsError(f"{describe('pool')}: {exc.message}") from None
-        import_object(self.agent)
+        load_agent(self.agent, self.app_dir)
 
     def with_pool_lease(self, pool_lease_s: int) -> WorkerSettings:
         """These settings with the lease resolved: lease_s 0 takes the pool's,

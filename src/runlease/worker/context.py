@@ -30,6 +30,7 @@ from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
 from runlease.worker.cancellable_http import CancellableHttp
 from runlease.worker.errors import BudgetExceeded, FatalError, RunCancelled, ToolTimeout
+from runlease.worker.tool_output import OutputEvents
 from runlease.worker.tools import ToolResult, ToolRunner
 
 log = logging.getLogger(__name__)
@@ -281,20 +282,75 @@ class RunContext:
         timeout_s: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        output_event: str | None = None,
+        output_data: Mapping[str, Any] | None = None,
     ) -> ToolResult:
         """Run a subprocess in its own process group (counts against
         max_tool_calls); a Stop, the run's deadline or timeout_s ends the whole
-        group: SIGTERM, then SIGKILL after the worker's grace."""
+        group: SIGTERM, then SIGKILL after the worker's grace.
+
+        With output_event, the tool's output is also stored as events of that
+        kind while it runs, `{**output_data, "stream", "text"}`, bounded and
+        redacted, never cut inside a secret (worker/tool_output.py)."""
         await self.check()
         self.count_tool_call()
         left = self.deadline_left_s
         if left is not None:
             timeout_s = left if timeout_s is None else min(timeout_s, left)
+        if output_event is None:
+            try:
+                return await self._tools.run(argv, timeout_s=timeout_s, cwd=cwd, env=env)
+            except ToolTimeout:
+                await self.check()  # the run's deadline, not the tool's own timeout
+                raise
+        await self.flush()
+        output = OutputEvents(output_event, output_data, redactor=self.store.redactor)
+        wake, done = asyncio.Event(), asyncio.Event()
+
+        def seen(stream: str, chunk: bytes) -> None:
+            output.feed(stream, chunk)
+            if output.pending:
+                wake.set()
+
+        pump = asyncio.create_task(self._pump_output(output, wake, done), name="tool-output")
         try:
-            return await self._tools.run(argv, timeout_s=timeout_s, cwd=cwd, env=env)
+            result = await self._tools.run(argv, timeout_s=timeout_s, cwd=cwd, env=env,
+                                           on_output=seen)
         except ToolTimeout:
-            await self.check()  # the run's deadline, not the tool's own timeout
+            await self._end_pump(pump, output, wake, done)
+            await self.check()
             raise
+        except BaseException:
+            pump.cancel()
+            await asyncio.wait({pump})
+            if not pump.cancelled():
+                pump.exception()  # retrieved: the tool's own error is the one to raise
+            raise
+        await self._end_pump(pump, output, wake, done)
+        return result
+
+    async def _pump_output(self, output: OutputEvents, wake: asyncio.Event,
+                           done: asyncio.Event) -> None:
+        """Store the tool's lines as they come, coalesced like deltas."""
+        while not done.is_set():
+            await wake.wait()
+            await sleep(DELTA_FLUSH_S, done)
+            wake.clear()
+            if events := output.take():
+                await self._write_events(events)
+
+    async def _end_pump(self, pump: asyncio.Task[None], output: OutputEvents,
+                        wake: asyncio.Event, done: asyncio.Event) -> None:
+        """Let the pump finish its write, then store what is left."""
+        done.set()
+        wake.set()
+        await pump
+        if events := output.finish():
+            await self._write_events(events)
+
+    async def _write_events(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        async with self._write_lock:
+            await self._write(lambda: self.store.record_events(self.lease, events))
 
     async def close(self) -> None:
         if self._delta_flush is not None:

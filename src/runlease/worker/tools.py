@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,12 +116,19 @@ async def terminate_group(proc: asyncio.subprocess.Process, grace_s: float) -> N
     await proc.wait()
 
 
-async def _tail(stream: asyncio.StreamReader | None) -> bytes:
-    """Read a stream to its end, keeping only the last OUTPUT_TAIL_BYTES."""
+OnOutput = Callable[[str, bytes], None]
+
+
+async def _tail(stream: asyncio.StreamReader | None, name: str = "",
+                on_output: OnOutput | None = None) -> bytes:
+    """Read a stream to its end, keeping only the last OUTPUT_TAIL_BYTES;
+    on_output sees every chunk as it comes."""
     if stream is None:
         return b""
     kept = bytearray()
     while chunk := await stream.read(65536):
+        if on_output is not None:
+            on_output(name, chunk)
         kept += chunk
         if len(kept) > OUTPUT_TAIL_BYTES:
             del kept[: len(kept) - OUTPUT_TAIL_BYTES]
@@ -175,7 +182,10 @@ class ToolRunner:
         timeout_s: float | None = None,
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
+        on_output: OnOutput | None = None,
     ) -> ToolResult:
+        """on_output(stream name, chunk), if given, sees the output as it is
+        printed (it must not block: it runs in the pipe readers)."""
         if not argv:
             raise ValueError("argv must not be empty")
         started = time.monotonic()
@@ -197,7 +207,8 @@ class ToolRunner:
             os.close(status_w)
         self.live.add(proc)
         log.debug("tool_started pid=%s argv=%s", proc.pid, argv[0])
-        output: asyncio.Future[Any] = asyncio.gather(_tail(proc.stdout), _tail(proc.stderr),
+        output: asyncio.Future[Any] = asyncio.gather(_tail(proc.stdout, "stdout", on_output),
+                                                     _tail(proc.stderr, "stderr", on_output),
                                                      _status(status_r))
         cancelled: asyncio.Future[Any] = asyncio.ensure_future(self.cancel.wait())
         try:

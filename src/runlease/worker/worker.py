@@ -36,7 +36,8 @@ from runlease.services.identity import worker_id
 from runlease.services.leader import LeaderElector
 from runlease.services.listener import Listener
 from runlease.services.reaper import Reaper
-from runlease.settings import WorkerSettings, import_object
+from runlease.settings import WorkerSettings
+from runlease.settings.worker import load_agent
 from runlease.worker import toolenv
 from runlease.worker.acker import Acker
 from runlease.worker.claimer import ClaimLoop
@@ -64,10 +65,11 @@ class Worker:
         Worker inside their own process turn it off. `clock` is the monotonic
         clock of the fence, heartbeats and drain (a ManualClock in tests)."""
         if not settings.database_url:
-            raise SettingsError("no database: set --database-url or RUNLEASE_DATABASE_URL")
+            raise SettingsError("no database: set --database-url, RUNLEASE_DATABASE_URL or "
+                                "DATABASE_URL")
         self.settings = settings
         self.url: str = settings.database_url
-        self.agent: Agent = agent or import_object(settings.agent)
+        self.agent: Agent = agent or load_agent(settings.agent, settings.app_dir)
         self.identity = identity or worker_id()
         self.handle_signals = handle_signals
         self.tool_grant = tool_grant

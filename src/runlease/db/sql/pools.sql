@@ -91,3 +91,22 @@ SELECT tenant_id, max_in_flight, priority_min, priority_max FROM agent_run_tenan
 -- name: tenant_band_get
 SELECT priority_min, priority_max FROM agent_run_tenant_limits
  WHERE pool = %(pool)s AND tenant_id = %(tenant)s;
+
+
+-- name: pool_owner_claim
+-- The pool's owner after this: `owner` if the pool had none (a new row, with
+-- defaults the caller then overwrites) or was already its; else the owner it
+-- has. The row lock of ON CONFLICT makes two claimants take turns.
+INSERT INTO agent_run_pools AS p (name, owner)
+VALUES (%(name)s, %(owner)s)
+    ON CONFLICT (name) DO UPDATE
+   SET owner = coalesce(p.owner, excluded.owner)
+RETURNING owner;
+
+
+-- name: pool_owner_get
+SELECT owner FROM agent_run_pools WHERE name = %(name)s;
+
+
+-- name: pool_owner_release
+UPDATE agent_run_pools SET owner = NULL WHERE name = %(name)s AND owner = %(owner)s;

@@ -34,3 +34,29 @@ SELECT run_id, step_key, result, lease_epoch, attempt, created_at
   FROM agent_run_steps
  WHERE run_id = %(id)s
  ORDER BY created_at, step_key;
+
+
+-- name: run_steps_page
+-- A page of a run's committed steps in step-key order (the primary key's, so
+-- a page costs its own rows, however many steps the run has), after the
+-- cursor. `fits`: within the page's byte budget, counted in stored (possibly
+-- compressed) size; the step that crosses it is the last one that fits, so a
+-- page always holds at least one step. Results are read for those only.
+WITH page AS (
+    SELECT s.step_key, s.lease_epoch, s.attempt, s.created_at,
+           sum(pg_column_size(s.result)) OVER (ORDER BY s.step_key)
+               - pg_column_size(s.result) AS before_bytes
+      FROM agent_run_steps s
+     WHERE s.run_id = %(id)s
+       AND s.step_key > coalesce(%(after)s::text, '')
+     ORDER BY s.step_key
+     LIMIT %(limit)s
+)
+SELECT p.step_key, p.lease_epoch, p.attempt, p.created_at,
+       p.before_bytes < %(max_bytes)s AS fits,
+       CASE WHEN p.before_bytes < %(max_bytes)s THEN
+           (SELECT s.result FROM agent_run_steps s
+             WHERE s.run_id = %(id)s AND s.step_key = p.step_key)
+       END AS result
+  FROM page p
+ ORDER BY p.step_key;

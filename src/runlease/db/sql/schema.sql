@@ -29,7 +29,11 @@ CREATE TABLE agent_run_pools (
                                       CHECK (cardinality(tool_env) <= 64
                                              AND (cardinality(tool_env) = 0
                                                   OR array_to_string(tool_env, ' ', ' ')
-                                                     ~ '^[A-Z_][A-Z0-9_]{0,127}( [A-Z_][A-Z0-9_]{0,127})*$'))
+                                                     ~ '^[A-Z_][A-Z0-9_]{0,127}( [A-Z_][A-Z0-9_]{0,127})*$')),
+    -- The AgentRunPool ("namespace/name") whose operator writes this row; NULL
+    -- for a pool made through the API or CLI. Two AgentRunPools naming one pool
+    -- (the same name in two namespaces) would otherwise share its queue.
+    owner                 text        CHECK (length(owner) BETWEEN 3 AND 317)
 );
 
 INSERT INTO agent_run_pools (name) VALUES ('default');

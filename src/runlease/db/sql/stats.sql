@@ -41,3 +41,28 @@ SELECT count(*) AS n
  WHERE e.kind = 'run.lease_expired'
    AND e.created_at > coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(window_s)s)
    AND r.pool = %(pool)s;
+
+
+-- name: pool_startable
+-- The pool's pending runs a claim could take now, as the claim function
+-- decides: due (a run in backoff counts once its available_at has passed),
+-- not being cancelled, and within its tenant's cap (the tenant's override,
+-- else the pool's default; what the tenant already holds leased is taken
+-- off). A tenant capped at 2 with 1,000 pending counts 2. A paused pool, or
+-- one without a row, has none. The autoscaler sizes the pool by this.
+SELECT coalesce(sum(CASE WHEN coalesce(t.max_in_flight, p.default_max_in_flight) IS NULL
+                         THEN q.ready
+                         ELSE least(q.ready, greatest(coalesce(t.max_in_flight,
+                                                               p.default_max_in_flight)
+                                                      - q.leased, 0))
+                    END), 0)::bigint AS n
+  FROM (SELECT r.tenant_id,
+               count(*) FILTER (WHERE r.status = 'pending'
+                                  AND r.available_at <= coalesce(%(now)s::timestamptz, now())
+                                  AND r.cancel_requested_at IS NULL) AS ready,
+               count(*) FILTER (WHERE r.status = 'leased') AS leased
+          FROM agent_runs r
+         WHERE r.pool = %(pool)s AND r.status IN ('pending', 'leased')
+         GROUP BY r.tenant_id) q
+  JOIN agent_run_pools p ON p.name = %(pool)s AND NOT p.paused
+  LEFT JOIN agent_run_tenant_limits t ON t.pool = p.name AND t.tenant_id = q.tenant_id;
