@@ -77,7 +77,7 @@ def load_backlog(url: str, pool: str, capped: int, delayed: int) -> None:
             f" SELECT gen_random_uuid(), %s, 'capped-' || (i %% {CAPPED_TENANTS} + 1), 'pending',"
             f"        i / {CAPPED_TENANTS}, '{{}}'"
             f"   FROM generate_series(0, %s - 1) i", (pool, per_tenant * CAPPED_TENANTS))
-        # As run_nack leaves them: since migration 0005 flagged `delayed`.
+        # As run_nack leaves them: since migration 0006 flagged `delayed`.
         flagged = conn.execute(
             "SELECT count(*) FROM information_schema.columns"
             " WHERE table_name = 'agent_runs' AND column_name = 'delayed'").fetchone()

@@ -1,4 +1,4 @@
--- 0005: costs flat in what waits (issue 16). Runs in backoff leave the
+-- 0006: costs flat in what waits (issue 16). Runs in backoff leave the
 -- claim's indexes (delayed); the claim's places are merged from each
 -- claimable tenant's line instead of read off one scan of the pool's fair
 -- order, so capped tenants' backlogs and delayed runs are not read per claim.
