@@ -13,7 +13,7 @@ import pytest
 
 from runlease.client import AsyncClient, RunEnded, RunView, SseParser, StreamEvent
 from runlease.db.store import RunStore
-from tests.support.api import Api
+from tests.support.api import Api, serve_api
 from tests.support.waiting import until
 from tests.support.workers import running_worker
 
@@ -351,3 +351,34 @@ async def test_probes_and_metrics(api: Api) -> None:
         spec = (await http.get("/openapi.json")).json()
     assert 'runlease_api_requests_total{method="GET",route="/v1/runs",status="200"}' in text
     assert "/v1/runs/{run_id}/events" in spec["paths"]
+
+
+async def test_a_tenant_past_its_open_streams_gets_429_and_others_do_not(db_url: str) -> None:
+    # One tenant opening streams without end cannot take the server's
+    # streams from the others: past its cap a new stream is refused, and a
+    # closed stream frees its place.
+    async with serve_api(db_url, sse_max_streams_per_tenant=2) as api:
+        async with AsyncClient(api.url, api.token("acme")) as client:
+            run = await client.submit({"steps": []})
+        async with AsyncClient(api.url, api.token("globex")) as client:
+            other = await client.submit({"steps": []})
+        url = f"/v1/runs/{run.id}/events"
+        async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http, \
+                httpx.AsyncClient(base_url=api.url, headers=api.headers("globex")) as http2, \
+                httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as admin:
+            async with http.stream("GET", url) as first, http.stream("GET", url) as second:
+                assert (first.status_code, second.status_code) == (200, 200)
+                refused = await http.get(url)
+                assert refused.status_code == 429
+                assert refused.json()["error"]["code"] == "too_many_streams"
+                assert refused.headers["Retry-After"] == "5"
+                async with http2.stream("GET", f"/v1/runs/{other.id}/events") as theirs:
+                    assert theirs.status_code == 200
+                async with admin.stream("GET", url) as ops:
+                    assert ops.status_code == 200  # admins are not capped
+
+            async def reopened() -> bool:
+                async with http.stream("GET", url) as again:
+                    return again.status_code == 200
+
+            await until(reopened, timeout_s=10, what="a closed stream freeing its place")

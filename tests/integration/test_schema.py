@@ -4,6 +4,7 @@ heartbeats are HOT updates."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from runlease.clock import ManualClock
 from runlease.db.embedded import bin_dir
 from runlease.db.migrate import migrate, migrations, pending
 from runlease.db.store import NewRun, RunStore
@@ -109,17 +111,115 @@ def test_claim_uses_the_partial_index_beside_200k_finished_runs(db_url: str, lim
              " VALUES ('default', 't1', 2)") if limited else None
     plans = claim_plans(db_url, setup)
     locking = [p for p in plans if "LockRows" in p]
-    # The places come from the head of the fair order; each tenant's own
-    # runs by priority from its partial index; nothing scans the table.
-    places = [p for p in locking if "ORDER BY r.fair_seq, r.id" in p]
+    # The places come from each tenant's line (candidates), locked by
+    # primary key; each tenant's own runs by priority from its partial
+    # index; nothing scans the table.
+    tenants = [p for p in plans if "WITH RECURSIVE tenants" in p]
+    lines = [p for p in plans if "LIMIT v_window" in p]
+    places = [p for p in locking if "r.id = ANY (v_cand)" in p]
     own = [p for p in locking if "ORDER BY r.priority DESC" in p]
+    assert tenants, plans
+    assert lines, plans
     assert places, plans
     assert own, plans
+    for plan in tenants:
+        # The loose scan of tenants, one descent each.
+        assert re.search(r"Index Only Scan using agent_runs_pending_(tenant|priority)_idx",
+                         plan), plan
+    for plan in lines:
+        # Each tenant's line, from its head.
+        assert "Index Scan using agent_runs_pending_tenant_idx" in plan, plan
     for plan in places:
-        assert "Index Scan using agent_runs_claim_idx" in plan, plan
+        assert "agent_runs_pkey" in plan, plan
     for plan in own:
         assert "Index Scan using agent_runs_pending_priority_idx" in plan, plan
     assert not any("Seq Scan on agent_runs " in p for p in plans), plans
+
+
+def rows_read(plan: dict[str, Any]) -> int:
+    """Rows the scans of agent_runs in one executed plan returned or filtered out."""
+    read = 0
+    if plan.get("Relation Name") == "agent_runs":
+        read += int(plan.get("Actual Rows", 0) * plan.get("Actual Loops", 1))
+        read += int(plan.get("Rows Removed by Filter", 0))
+        read += int(plan.get("Rows Removed by Index Recheck", 0))
+    return read + sum(rows_read(child) for child in plan.get("Plans", []))
+
+
+@pytest.mark.slow
+def test_claim_reads_no_capped_or_delayed_backlog(db_url: str) -> None:
+    # 20 tenants at their cap with 20,000 pending runs at the head of the
+    # fair order, 5,000 runs in backoff of 50 other tenants ahead of them
+    # too, and a fresh tenant's 100 runs behind: a claim reads a few rows per
+    # tenant, not the backlogs (the plan before: an index scan of the fair
+    # order filtering out every capped or delayed run ahead of the first
+    # claimable one).
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO agent_run_tenant_limits (pool, tenant_id, max_in_flight)"
+            " SELECT 'default', 'capped-' || t, 1 FROM generate_series(1, 20) t")
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, status, attempts, lease_epoch, input_json,"
+            "                        locked_by, locked_until)"
+            " SELECT gen_random_uuid(), 'capped-' || t, 'leased', 1, 1, '{}', 'elsewhere',"
+            "        now() + interval '1 hour' FROM generate_series(1, 20) t")
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, fair_seq, input_json)"
+            " SELECT gen_random_uuid(), 'capped-' || (g % 20 + 1), g / 20, '{}'"
+            "   FROM generate_series(0, 19999) g")
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, fair_seq, input_json, attempts, delayed,"
+            "                        available_at)"
+            " SELECT gen_random_uuid(), 'retrying-' || (g % 50), g / 50, '{}', 1, true,"
+            "        now() + interval '1 hour' FROM generate_series(0, 4999) g")
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, fair_seq, input_json)"
+            " SELECT gen_random_uuid(), 'fresh', 500 + g, '{}' FROM generate_series(1, 100) g")
+        conn.execute("VACUUM ANALYZE agent_runs")
+    plans: list[dict[str, Any]] = []
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: plans.append(json.loads(
+            (d.message_primary or "").split("plan:", 1)[1])))
+        conn.execute("LOAD 'auto_explain'")
+        for name, value in [("log_min_duration", "0"), ("log_nested_statements", "on"),
+                            ("log_analyze", "on"), ("log_format", "json"),
+                            ("log_level", "notice")]:
+            conn.execute(f"SET auto_explain.{name} = {value}")
+        with conn.transaction(force_rollback=True):
+            rows = conn.execute(
+                "SELECT tenant_id FROM runlease_claim('default', 'w', 10, NULL, NULL)"
+            ).fetchall()
+    assert [r[0] for r in rows] == ["fresh"] * 10
+    per_statement = [rows_read(p["Plan"]) for p in plans if "Plan" in p]
+    # 71 tenants: a descent or two each, plus the 10 claimed and what
+    # locking and the in-flight counts read (20 leased runs).
+    assert sum(per_statement) < 600, per_statement
+
+
+def delayed(url: str, run_id: Any) -> bool:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT delayed FROM agent_runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+async def test_runs_in_backoff_wait_outside_the_claim_indexes(
+    store: RunStore, clock: ManualClock, db_url: str
+) -> None:
+    # A nacked run leaves the claim's indexes (delayed) and comes back when
+    # its backoff is over, through the claim itself.
+    await store.enqueue("default", "acme", {})
+    (lease,) = await store.claim("default", "w", 1)
+    await store.nack(lease, "flaky", "x")  # the first backoff is 5 s
+    assert delayed(db_url, lease.run_id)
+    assert await store.claim("default", "w", 1) == []
+    clock.advance(4)
+    assert await store.claim("default", "w", 1) == []
+    assert delayed(db_url, lease.run_id)
+    clock.advance(2)
+    (again,) = await store.claim("default", "w", 1)
+    assert (again.run_id, again.epoch) == (lease.run_id, 2)
+    assert not delayed(db_url, lease.run_id)
 
 
 @pytest.mark.parametrize("plan_mode", ["force_custom_plan", "force_generic_plan"])

@@ -155,7 +155,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         await pool.open(wait=False)
         state.store = RunStore(pool, max_input_bytes=settings.max_input_bytes)
         state.hub = FeedHub(state.store, poll_s=settings.sse_poll_s,
-                            keepalive_s=settings.sse_keepalive_s)
+                            keepalive_s=settings.sse_keepalive_s,
+                            max_per_tenant=settings.sse_max_streams_per_tenant)
         listener = Listener(settings.listen_database_url or url,
                             {EVENTS_CHANNEL: state.hub.notify}, on_connect=state.hub.wake_all,
                             application_name="runlease-api-listen")

@@ -127,11 +127,31 @@ class RunFeed:
             del self.events[:drop]
 
 
+class StreamSlot:
+    """One open stream of a tenant, counted against its cap; release() is
+    idempotent (the stream's end and the response's end both call it)."""
+
+    def __init__(self, hub: FeedHub, tenant: str) -> None:
+        self.hub, self.tenant, self.held = hub, tenant, True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            left = self.hub.open_by_tenant[self.tenant] - 1
+            if left:
+                self.hub.open_by_tenant[self.tenant] = left
+            else:
+                del self.hub.open_by_tenant[self.tenant]
+
+
 class FeedHub:
-    def __init__(self, store: RunStore, *, poll_s: float = 1.0, keepalive_s: float = 15.0) -> None:
+    def __init__(self, store: RunStore, *, poll_s: float = 1.0, keepalive_s: float = 15.0,
+                 max_per_tenant: int | None = None) -> None:
         self.store = store
         self.poll_s = poll_s
         self.keepalive_s = keepalive_s
+        self.max_per_tenant = max_per_tenant
+        self.open_by_tenant: dict[str, int] = {}
         self.feeds: dict[UUID, RunFeed] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
@@ -142,6 +162,14 @@ class FeedHub:
         for feed in list(self.feeds.values()):
             async with feed.changed:
                 feed.changed.notify_all()
+
+    def admit(self, tenant: str) -> StreamSlot | None:
+        """A slot for one more stream of `tenant`, or None at its cap."""
+        held = self.open_by_tenant.get(tenant, 0)
+        if self.max_per_tenant is not None and held >= self.max_per_tenant:
+            return None
+        self.open_by_tenant[tenant] = held + 1
+        return StreamSlot(self, tenant)
 
     def notify(self, payload: str) -> None:
         """A NOTIFY on the events channel: `<run id>:<seq>`."""

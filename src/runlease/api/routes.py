@@ -11,12 +11,13 @@ from uuid import UUID
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from runlease import metrics
 from runlease.api.auth import Principal
 from runlease.api.deps import Admin, JsonBody, Store, Who, api_state, bearer
-from runlease.api.errors import invalid, unauthorized
-from runlease.api.feeds import Batch, End, FeedHub, Keepalive
+from runlease.api.errors import ApiError, invalid, unauthorized
+from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
 from runlease.api.schemas import (
     POOL_PATTERN,
     ErrorBody,
@@ -147,7 +148,10 @@ async def stream_token(run_id: UUID, who: Who, store: Store, request: Request) -
     "/runs/{run_id}/events", response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {}},
                      "description": "Server-Sent Events: one per run event (id = its seq), "
-                                    "keepalive comments, and a final `end` event."}},
+                                    "keepalive comments, and a final `end` event."},
+               429: {"model": ErrorBody,
+                     "description": "The tenant holds sse_max_streams_per_tenant open "
+                                    "streams on this server."}},
 )
 async def events(
     run_id: UUID, request: Request, store: Store,
@@ -170,12 +174,24 @@ async def events(
         start = max(start, int(last_event_id))
     await store.get(run_id, tenant_id=who.scope)  # a 404 before the stream starts
     assert state.hub is not None
-    return StreamingResponse(_sse(state.hub, run_id, start, request),
+    slot = None
+    if who.scope is not None:  # admins are not capped
+        slot = state.hub.admit(who.scope)
+        if slot is None:
+            raise ApiError(429, "too_many_streams",
+                           f"this tenant already holds {state.hub.max_per_tenant} open event "
+                           "streams on this server; close one first",
+                           headers={"Retry-After": "5"})
+    # Released when the stream ends, or by the response's background task
+    # when the client left before the body began (the generator never ran).
+    return StreamingResponse(_sse(state.hub, run_id, start, request, slot),
                              media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                             background=BackgroundTask(slot.release) if slot else None)
 
 
-async def _sse(hub: FeedHub, run_id: UUID, after: int, request: Request) -> AsyncIterator[str]:
+async def _sse(hub: FeedHub, run_id: UUID, after: int, request: Request,
+               slot: StreamSlot | None = None) -> AsyncIterator[str]:
     metrics.SSE_STREAMS.inc()
     try:
         yield "retry: 1000\n\n"
@@ -193,6 +209,8 @@ async def _sse(hub: FeedHub, run_id: UUID, after: int, request: Request) -> Asyn
         return
     finally:
         metrics.SSE_STREAMS.dec()
+        if slot is not None:
+            slot.release()
 
 
 def format_end(run: Run) -> str:

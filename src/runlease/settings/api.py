@@ -43,6 +43,10 @@ class ApiSettings:
                                            "event stream.", minimum=0.1)
     sse_poll_s: float = setting(1.0, "Event streams also poll this often, in case a "
                                      "NOTIFY is lost.", minimum=0.05)
+    sse_max_streams_per_tenant: int = setting(
+        200, "Event streams one tenant may hold open on one API process; a stream past it "
+             "is refused with 429, so one tenant cannot take the process's streams from "
+             "the others.", minimum=1, maximum=100_000)
     log_json: bool = setting(False, "Log one JSON object per line.")
 
     def check(self) -> None:

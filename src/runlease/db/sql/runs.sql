@@ -19,8 +19,8 @@
 -- Fairness: a tenant's runs join the pool's fair order at max(the order's
 -- head, the end of the tenant's own pending line), whatever their priority,
 -- so a tenant with 10 runs is interleaved with one that has 10,000 instead of
--- queued behind them, and a high priority buys no place ahead of another
--- tenant (it orders the tenant's own runs; see runlease_claim). A run whose
+-- queued behind them (runs in backoff hold no place in these lines), and a
+-- high priority buys no place ahead of another tenant (it orders the tenant's own runs; see runlease_claim). A run whose
 -- priority is outside the tenant's band (agent_run_tenant_limits) is not
 -- inserted; the store explains the missing row. A repeated idempotency key
 -- returns the existing run (inserted = false) when the input is the same and
@@ -41,15 +41,15 @@ WITH clock AS (
     SELECT l.tenant_id,
            greatest(
                (SELECT max(r.fair_seq) + 1 FROM agent_runs r
-                 WHERE r.pool = %(pool)s AND r.status = 'pending'
+                 WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
                    AND r.tenant_id = l.tenant_id),
                coalesce(
                    (SELECT r.fair_seq FROM agent_runs r, clock
-                     WHERE r.pool = %(pool)s AND r.status = 'pending'
+                     WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
                        AND r.available_at <= clock.ts
                      ORDER BY r.fair_seq LIMIT 1),
                    (SELECT r.fair_seq FROM agent_runs r
-                     WHERE r.pool = %(pool)s AND r.status = 'pending'
+                     WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
                      ORDER BY r.fair_seq LIMIT 1),
                    0)) AS base
       FROM (SELECT DISTINCT tenant_id FROM input) l
@@ -164,6 +164,9 @@ WITH clock AS (
        SET status = CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
                          WHEN r.attempts >= r.max_attempts THEN 'dead'
                          ELSE 'pending' END,
+           -- In backoff: out of the claim's indexes until runlease_claim
+           -- finds its time has come.
+           delayed = r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts,
            available_at = CASE WHEN r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
                                THEN clock.ts + make_interval(
                                         secs => greatest(least(300, 5 * power(2, r.attempts - 1)),

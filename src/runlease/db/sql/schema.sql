@@ -88,6 +88,10 @@ CREATE TABLE agent_runs (
     created_at          timestamptz NOT NULL DEFAULT now(),
     updated_at          timestamptz NOT NULL DEFAULT now(),
     finished_at         timestamptz,
+    -- A pending run in backoff (nacked, available_at ahead): kept out of the
+    -- claim's indexes until its time comes (runlease_claim promotes it), so
+    -- runs waiting for minutes cost a claim nothing.
+    delayed             boolean     NOT NULL DEFAULT false,
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased
@@ -107,10 +111,11 @@ CREATE TABLE agent_runs (
     autovacuum_vacuum_cost_delay = 1
 );
 
--- Claim: the head of a pool's fair order (whose turn it is).
+-- Enqueue: the head of a pool's fair order (where a new tenant's runs join).
+-- Ready runs only: pending and not in backoff (see delayed).
 CREATE INDEX agent_runs_claim_idx
     ON agent_runs (pool, fair_seq, id)
-    WHERE status = 'pending';
+    WHERE status = 'pending' AND NOT delayed;
 
 -- Leases: reap scans it for expired ones; claim counts a tenant's in-flight
 -- runs from it. Keyed on columns a heartbeat never changes.
@@ -118,15 +123,22 @@ CREATE INDEX agent_runs_leased_idx
     ON agent_runs (pool, tenant_id)
     WHERE status = 'leased';
 
--- Enqueue: where a tenant's own line ends in the fair order.
+-- Claim: the tenants with ready runs (one descent each, a loose index scan)
+-- and each tenant's line in the fair order; enqueue: where a tenant's line
+-- ends. Capped tenants are skipped by tenant, so their backlogs are not read.
 CREATE INDEX agent_runs_pending_tenant_idx
-    ON agent_runs (pool, tenant_id, fair_seq)
-    WHERE status = 'pending';
+    ON agent_runs (pool, tenant_id, fair_seq, id)
+    WHERE status = 'pending' AND NOT delayed;
 
--- Claim: a tenant's own runs by priority, to fill the places it is given.
+-- Claim: a tenant's own ready runs by priority, to fill the places it is given.
 CREATE INDEX agent_runs_pending_priority_idx
     ON agent_runs (pool, tenant_id, priority DESC, fair_seq, id)
-    WHERE status = 'pending';
+    WHERE status = 'pending' AND NOT delayed;
+
+-- Claim: runs in backoff whose time has come, to make them ready again.
+CREATE INDEX agent_runs_delayed_idx
+    ON agent_runs (pool, available_at)
+    WHERE status = 'pending' AND delayed;
 
 CREATE UNIQUE INDEX agent_runs_idempotency_idx
     ON agent_runs (pool, tenant_id, idempotency_key)
@@ -198,6 +210,16 @@ CREATE TABLE runlease_leaders (
 -- the run that used its place, so the tenant's remaining places stay where
 -- they were: a tenant cannot keep a place at the head by holding one old run.
 --
+-- Costs flat in what waits: the places are not read off one scan of the
+-- pool's fair order (which would pass every run of a capped tenant and every
+-- run in backoff ahead of the first claimable one) but merged from each
+-- claimable tenant's own line: the tenants with ready runs come from a loose
+-- index scan of agent_runs_pending_tenant_idx, capped ones are dropped by
+-- name, and each remaining tenant gives at most its first few ready runs
+-- (those up to the window's bound, below).
+-- Runs in backoff are in none of these indexes (delayed); the claim first
+-- moves a bounded batch of those whose time has come back into them.
+--
 -- Paused pools claim nothing. Tenant limits: when the pool has any,
 -- claimers serialize per limited tenant on a transaction-level advisory lock
 -- and count that tenant's leases in a statement that starts after the lock is
@@ -236,6 +258,18 @@ DECLARE
     v_pick_tenants  text[];
     v_pick_fair     bigint[];
     v_pick_k        bigint[];
+    v_seen          uuid[] := '{}';
+    v_cand          uuid[];
+    v_got_ids       uuid[];
+    v_got_tenants   text[];
+    v_got_fair      bigint[];
+    v_slot_fair     bigint[] := '{}';
+    v_round         integer := 0;
+    v_need          integer;
+    v_window        integer;
+    v_eligible      text[];
+    v_k             integer;
+    v_due           uuid[];
 BEGIN
     SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s, p.paused,
            p.default_max_in_flight IS NOT NULL
@@ -277,24 +311,129 @@ BEGIN
                    AND coalesce(t.max_in_flight, v_default_limit) = 0) x;
     END IF;
 
-    -- The places: the head of the pool's fair order.
-    SELECT array_agg(s.id ORDER BY s.fair_seq, s.id),
-           array_agg(s.tenant_id ORDER BY s.fair_seq, s.id)
-      INTO v_slot_ids, v_slot_tenants
-      FROM (SELECT r.id, r.tenant_id, r.fair_seq
-              FROM agent_runs r
-             WHERE r.pool = p_pool
-               AND r.status = 'pending'
-               AND r.available_at <= v_now
-               AND r.cancel_requested_at IS NULL
-               AND r.tenant_id <> ALL (v_skip)
-               AND (v_only IS NULL OR r.tenant_id = ANY (v_only))
-             ORDER BY r.fair_seq, r.id
-             LIMIT p_n
-               FOR UPDATE SKIP LOCKED) s;
-    IF v_slot_ids IS NULL THEN
+    -- Runs whose backoff is over become ready (a bounded batch per claim;
+    -- what is left over is promoted by the next claims).
+    SELECT array_agg(d.id) INTO v_due
+      FROM (SELECT d.id FROM agent_runs d
+             WHERE d.pool = p_pool AND d.status = 'pending' AND d.delayed
+               AND d.available_at <= v_now
+             ORDER BY d.available_at
+             LIMIT 1000
+               FOR UPDATE SKIP LOCKED) d;
+    IF v_due IS NOT NULL THEN
+        UPDATE agent_runs r SET delayed = false WHERE r.id = ANY (v_due);
+    END IF;
+
+    -- The places: the head of the pool's fair order among tenants that may
+    -- claim, merged from each one's own line. The tenants with ready runs
+    -- come from a loose index scan (one descent each), less the capped ones.
+    WITH RECURSIVE tenants AS (
+        (SELECT r.tenant_id FROM agent_runs r
+          WHERE r.pool = p_pool AND r.status = 'pending' AND NOT r.delayed
+          ORDER BY r.tenant_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.tenant_id FROM agent_runs r
+                 WHERE r.pool = p_pool AND r.status = 'pending' AND NOT r.delayed
+                   AND r.tenant_id > t.tenant_id
+                 ORDER BY r.tenant_id LIMIT 1)
+          FROM tenants t
+         WHERE t.tenant_id IS NOT NULL
+    )
+    SELECT coalesce(array_agg(t.tenant_id), '{}') INTO v_eligible
+      FROM tenants t
+     WHERE t.tenant_id IS NOT NULL
+       AND t.tenant_id <> ALL (v_skip)
+       AND (v_only IS NULL OR t.tenant_id = ANY (v_only));
+    IF cardinality(v_eligible) = 0 THEN
         RETURN;
     END IF;
+
+    -- Each round looks at a window of the merged order, v_window runs
+    -- (p_n, then 4 times more each round), none after a bound taken from the
+    -- tenants' lines (so a tenant whose line starts later is not read). Rows another claimer
+    -- holds are passed over (SKIP LOCKED); the next round looks past them
+    -- with a wider window.
+    v_slot_ids := '{}';
+    v_slot_tenants := '{}';
+    v_window := p_n;
+    LOOP
+        v_round := v_round + 1;
+        v_need := p_n - cardinality(v_slot_ids);
+        IF v_round > 1 THEN
+            v_window := v_window * 4;
+        END IF;
+        -- The bound: with k = ceil(window / tenants), the j-th smallest of
+        -- the tenants' k-th runs, j = ceil(window / k): j tenants have k runs
+        -- each at or before it, so the window's runs all are. Each tenant
+        -- then gives about window / tenants runs, not a whole window.
+        v_k := ceil(v_window::numeric / cardinality(v_eligible))::integer;
+        -- One statement, so one snapshot: the window holds v_window runs
+        -- whenever that many are there to find.
+        WITH kth AS (
+            SELECT h.fair_seq
+              FROM unnest(v_eligible) AS t (tenant_id)
+             CROSS JOIN LATERAL (
+                    SELECT r.fair_seq FROM agent_runs r
+                     WHERE r.pool = p_pool AND r.tenant_id = t.tenant_id
+                       AND r.status = 'pending' AND NOT r.delayed
+                       AND r.available_at <= v_now
+                       AND r.id <> ALL (v_seen)
+                     ORDER BY r.fair_seq, r.id
+                    OFFSET v_k - 1
+                     LIMIT 1
+                   ) h
+        ), bound AS (
+            -- Too few tenants with k runs: no bound.
+            SELECT coalesce((SELECT kth.fair_seq FROM kth ORDER BY kth.fair_seq
+                             OFFSET ceil(v_window::numeric / v_k)::integer - 1 LIMIT 1),
+                            9223372036854775807) AS fair_seq
+        )
+        SELECT array_agg(c.id ORDER BY c.fair_seq, c.id)
+          INTO v_cand
+          FROM (SELECT h.id, h.fair_seq
+                  FROM unnest(v_eligible) AS t (tenant_id)
+                 CROSS JOIN LATERAL (
+                        SELECT r.id, r.fair_seq FROM agent_runs r
+                         WHERE r.pool = p_pool AND r.tenant_id = t.tenant_id
+                           AND r.status = 'pending' AND NOT r.delayed
+                           AND r.fair_seq <= (SELECT bound.fair_seq FROM bound)
+                           AND r.available_at <= v_now
+                           AND r.id <> ALL (v_seen)
+                         ORDER BY r.fair_seq, r.id
+                         LIMIT v_window
+                       ) h
+                 ORDER BY h.fair_seq, h.id
+                 LIMIT v_window) c;
+        EXIT WHEN v_cand IS NULL;
+        SELECT array_agg(s.id), array_agg(s.tenant_id), array_agg(s.fair_seq)
+          INTO v_got_ids, v_got_tenants, v_got_fair
+          FROM (SELECT r.id, r.tenant_id, r.fair_seq
+                  FROM agent_runs r
+                 WHERE r.id = ANY (v_cand)
+                   -- Written so no partial index's predicate is implied: by
+                   -- primary key, not a full scan of an index for the ids.
+                   AND (r.status = 'pending' AND NOT r.delayed) IS TRUE
+                   AND r.available_at <= v_now
+                   AND r.cancel_requested_at IS NULL
+                 ORDER BY r.fair_seq, r.id
+                 LIMIT v_need
+                   FOR UPDATE SKIP LOCKED) s;
+        v_slot_ids := v_slot_ids || coalesce(v_got_ids, '{}');
+        v_slot_tenants := v_slot_tenants || coalesce(v_got_tenants, '{}');
+        v_slot_fair := v_slot_fair || coalesce(v_got_fair, '{}');
+        -- Done when full, when the window held everything there was, or
+        -- after a few rounds (a claim that comes back short is repeated).
+        EXIT WHEN cardinality(v_slot_ids) >= p_n OR cardinality(v_cand) < v_window
+               OR v_round >= 6;
+        v_seen := v_seen || v_cand;
+    END LOOP;
+    IF cardinality(v_slot_ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- Rounds after the first may have found runs ahead of earlier ones.
+    SELECT array_agg(s.id ORDER BY s.f, s.id), array_agg(s.t ORDER BY s.f, s.id)
+      INTO v_slot_ids, v_slot_tenants
+      FROM unnest(v_slot_ids, v_slot_tenants, v_slot_fair) AS s (id, t, f);
 
     IF v_limited THEN
         -- Lock every limited tenant among the places, in one global order
@@ -347,7 +486,7 @@ BEGIN
                   FROM agent_runs r
                  WHERE r.pool = p_pool
                    AND r.tenant_id = k.tenant_id
-                   AND r.status = 'pending'
+                   AND r.status = 'pending' AND NOT r.delayed
                    AND r.available_at <= v_now
                    AND r.cancel_requested_at IS NULL
                  ORDER BY r.priority DESC, r.fair_seq, r.id
