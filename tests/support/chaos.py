@@ -409,7 +409,15 @@ class Chaos:
             time.sleep(0.05)
         if restarter is not None:
             restarter.join()
-        threads[0].join()  # every run submitted
+        threads[0].join(self.cfg.chaos_s + 120)  # every run submitted
+        if threads[0].is_alive():  # a submit kept failing: say why instead of hanging
+            self._stop.set()
+            threads[0].join(10)
+            with self._lock:
+                errors = [r.error for r in self.requests if r.error][-5:]
+            raise AssertionError(f"the submitter never finished: port moved "
+                                 f"{self.figures.details.get('db_port_moved')}, "
+                                 f"last errors {errors}")
 
     def _settle(self, url: str) -> None:
         deadline = time.monotonic() + self.cfg.settle_s
