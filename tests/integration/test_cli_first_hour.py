@@ -134,6 +134,14 @@ def test_api_says_where_it_listens_and_warns_without_tokens(db_url: str) -> None
     assert "--tokens" in "".join(lines)
 
 
+def test_the_operators_busy_metrics_port_is_one_line(busy_port: int) -> None:
+    line = one_line_error(runlease("operator", "--namespaces", "agents",
+                                   "--metrics-host", "127.0.0.1",
+                                   "--metrics-port", str(busy_port)))
+    assert f"--metrics-port (RUNLEASE_METRICS_PORT): 127.0.0.1:{busy_port} is already in use" \
+        in line
+
+
 def test_a_busy_metrics_port_is_one_line(busy_port: int, db_url: str) -> None:
     line = one_line_error(runlease("worker", "--agent", "runlease.agents.script:agent",
                                    "--database-url", db_url, "--metrics-host", "127.0.0.1",

@@ -4,8 +4,10 @@ operator (the client commands are in cli/client.py)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from runlease import __version__, logs
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate as apply_migrations
 from runlease.db.migrate import pending
-from runlease.errors import RunleaseError
+from runlease.errors import RunleaseError, SettingsError
 from runlease.settings import (
     ApiSettings,
     OperatorSettings,
@@ -158,8 +160,24 @@ def operator(**options: object) -> None:
     from runlease.operator.main import run as run_operator
 
     settings = load(OperatorSettings, options)
+    check_port_free(settings.metrics_host, settings.metrics_port)
     check_cluster()
     run_operator(settings)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """The operator's probe server starts inside kopf, whose start-up would
+    bury a busy port under a page of tracebacks: say it in one line first."""
+    if not port:
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            taken = " is already in use" if exc.errno == errno.EADDRINUSE else f": {exc}"
+            raise SettingsError(f"--metrics-port (RUNLEASE_METRICS_PORT): {host}:{port}{taken}; "
+                                "pick another, or 0 to turn /metrics off") from None
 
 
 def check_cluster() -> None:
