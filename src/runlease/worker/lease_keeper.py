@@ -19,7 +19,7 @@ from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.db.connect import Conn, connect
 from runlease.db.models import HeartbeatResult
-from runlease.db.store import RunStore
+from runlease.db.store import RunStore, stale_writes
 from runlease.services.loop import Service, sleep
 from runlease.worker.runner import RunHandle, StopReason
 
@@ -153,7 +153,7 @@ class LeaseKeeper(Service):
             if handle.closing:
                 continue  # its ack (or nack...) committed first: nothing was lost
             metrics.child(metrics.LEASES_LOST, self.pool).inc()
-            metrics.child(metrics.STALE_WRITES, self.pool).inc()  # the renewal was refused
+            stale_writes(self.pool)  # the renewal was refused
             log.error("lease_lost run_id=%s epoch=%s", run_id, handle.lease.epoch)
             self.on_lost(handle, StopReason.LEASE_LOST)
         for run_id in result.cancel_requested:
