@@ -141,15 +141,19 @@ WITH upd AS (
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
        AND r.locked_until > coalesce(%(now)s::timestamptz, now())
-    RETURNING r.id, r.pool
+    RETURNING r.id, r.pool, r.event_seq
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
       FROM agent_run_pools p
      WHERE p.name IN (SELECT upd.pool FROM upd)
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id FROM upd CROSS JOIN notify;
+SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_nack
@@ -203,8 +207,12 @@ WITH clock AS (
      WHERE p.name IN (SELECT upd.pool FROM upd)
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify;
+SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_fail
@@ -237,8 +245,12 @@ WITH clock AS (
      WHERE p.name IN (SELECT upd.pool FROM upd)
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts FROM upd CROSS JOIN notify;
+SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_release
@@ -271,8 +283,12 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_request_cancel
@@ -300,8 +316,12 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_finalize_cancel
@@ -332,10 +352,14 @@ WITH clock AS (
      WHERE p.name IN (SELECT upd.pool FROM upd)
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
-  FROM upd, clock CROSS JOIN notify;
+  FROM upd, clock CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_reap
@@ -378,8 +402,13 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd) p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.pool, upd.tenant_id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.pool, upd.tenant_id, upd.status
+  FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_redrive
@@ -401,8 +430,12 @@ WITH clock AS (
     SELECT upd.id, upd.event_seq, 'run.redriven', '{}'::jsonb, clock.ts FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.* FROM upd CROSS JOIN notify;
+SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_get
