@@ -26,6 +26,7 @@ from uuid import UUID
 
 import psycopg
 
+from runlease import metrics
 from runlease.db.connect import Conn, connect
 from runlease.db.events import MAX_FANOUT_RUNS
 from runlease.db.models import Event, Run
@@ -207,9 +208,9 @@ class Fanout:
 
     async def _read_some(self, feeds: list[RunFeed]) -> None:
         conn = await self._connection()
+        self._count()
         news, limit = await self.store.events_fanout({f.run_id: f.last_seq for f in feeds},
                                                      conn=conn)
-        self.reads += 1
         woken: list[RunFeed] = []
         ended: list[RunFeed] = []
         for feed in feeds:
@@ -229,13 +230,17 @@ class Fanout:
             if feed.last_seq != before:
                 woken.append(feed)
         if ended:
+            self._count()
             final = await self.store.runs_ended([f.run_id for f in ended], conn=conn)
-            self.reads += 1
             for feed in ended:
                 feed.finished = final.get(feed.run_id)
                 feed.gone = feed.finished is None
                 woken.append(feed)
         await _wake(woken)
+
+    def _count(self) -> None:
+        self.reads += 1
+        metrics.SSE_FEED_READS.inc()
 
     async def _connection(self) -> Conn:
         if self._conn is None or self._conn.closed or self._conn.broken:
