@@ -45,6 +45,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
+from scale_streams import measure as measure_streams  # target 4
+from scale_streams import targets as streams_targets
 
 from runlease.db.connect import make_pool
 from runlease.db.queries import sql
@@ -302,9 +304,14 @@ def main() -> None:
     with server(args.database_url, durable=args.durable) as url:
         t1 = target1(url, args.quick, args.runs) if args.only in (None, "1") else None
         t2 = target2(url, args.quick) if args.only in (None, "2") else None
+        t4 = measure_streams(url, args.quick) if args.only is None else None
     result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
               "date": time.strftime("%Y-%m-%d"),
               "claim": t1, "leases": t2, "targets": targets(t1, t2)}
+    if t4:  # bench/scale_streams.py's items in place of target 4's placeholder
+        result |= {"streams": t4, "targets": sorted(
+            [t for t in result["targets"] if not t["name"].startswith("4.")]
+            + streams_targets(t4), key=lambda t: int(t["name"].split(".")[0]))}
     if args.json:
         emit_json(result)
         return

@@ -284,7 +284,7 @@ async def _measure(url: str, *, streams: int, rate: float, quick: bool) -> dict[
     return {
         "streams": streams, "opened": client.opened, "open_s": open_s, "idle_s": idle_s,
         "feed_connections": feed, "api_sessions_idle": held, "api_sessions_busy": held_busy,
-        "idle_feed_reads": r1 - r0,
+        "idle_feed_reads": int(r1 - r0),
         # One of these is the bench's own read of the counter; the LISTEN
         # session's liveness probe is one per 5 s.
         "idle_commits_per_s": (c1 - c0 - 1) / (w1 - w0),
