@@ -186,9 +186,12 @@ class Fanout:
                 continue
             try:
                 await self._read(feeds)
-            except (RunleaseError, psycopg.Error) as exc:
-                log.warning("feed_read_failed runs=%d error=%s", len(feeds),
-                            str(exc).strip() or type(exc).__name__)
+            except Exception as exc:  # every stream of the process hangs on this task
+                if isinstance(exc, RunleaseError | psycopg.Error):
+                    log.warning("feed_read_failed runs=%d error=%s", len(feeds),
+                                str(exc).strip() or type(exc).__name__)
+                else:
+                    log.exception("feed_read_failed runs=%d", len(feeds))
                 await self._drop_conn()
                 self._due.update(f.run_id for f in feeds if f.run_id in self.feeds)
                 await asyncio.sleep(self.poll_s)
