@@ -102,7 +102,7 @@ async def test_five_hundred_idle_streams_hold_two_connections_and_make_no_query(
             assert fanout.listening
 
             async def settled() -> bool:
-                return not fanout._due
+                return fanout.settled
             await until(settled, what="the first reads of the new feeds")
             sessions = feed_sessions(db_url)
             assert sessions.get(LISTEN_APP_NAME) == 1

@@ -106,6 +106,7 @@ class Fanout:
         self._last_poll = 0.0
         self._conn: Conn | None = None
         self._task: asyncio.Task[None] | None = None
+        self._reading = False
 
     # -- what the hub and the listener call ------------------------------------------------
 
@@ -148,6 +149,11 @@ class Fanout:
         self._last_poll = 0.0
         self._kick.set()
 
+    @property
+    def settled(self) -> bool:
+        """Nothing due and no read under way (tests wait for this)."""
+        return not self._due and not self._reading
+
     def connections(self) -> int:
         """Database connections the reader holds (the LISTEN session aside)."""
         return int(self._conn is not None and not self._conn.closed)
@@ -184,6 +190,7 @@ class Fanout:
             feeds = [f for f in map(self.feeds.get, due) if f is not None]
             if not feeds:
                 continue
+            self._reading = True
             try:
                 await self._read(feeds)
             except Exception as exc:  # every stream of the process hangs on this task
@@ -195,6 +202,8 @@ class Fanout:
                 await self._drop_conn()
                 self._due.update(f.run_id for f in feeds if f.run_id in self.feeds)
                 await asyncio.sleep(self.poll_s)
+            finally:
+                self._reading = False
 
     async def _wait(self) -> None:
         if self._due:
