@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import httpx
 import psycopg
@@ -17,7 +18,9 @@ from psycopg import conninfo
 
 from runlease.api.fanout import READ_APP_NAME, Fanout
 from runlease.client import RunEnded, SseParser, StreamEvent
+from runlease.core.states import RunStatus
 from runlease.db.models import Lease
+from runlease.db.queries import sql
 from runlease.db.store import RunStore
 from tests.support.api import Api, serve_api
 from tests.support.waiting import until
@@ -328,3 +331,59 @@ async def test_another_tenant_cannot_follow_a_run_through_the_fanout(
         assert subscribers(api) == 1
         tasks[1].cancel()
         await asyncio.gather(tasks[1], return_exceptions=True)
+
+
+def events_rows_read(plan: dict[str, Any]) -> tuple[int, list[str]]:
+    """Rows the plan read from agent_run_events, and how it read them."""
+    rows, how = 0, []
+    if plan.get("Relation Name") == "agent_run_events":
+        how.append(plan["Node Type"])
+        rows += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * \
+            plan.get("Actual Loops", 1)
+    for child in plan.get("Plans", []):
+        more, kinds = events_rows_read(child)
+        rows, how = rows + more, how + kinds
+    return rows, how
+
+
+async def test_one_fanout_read_gives_each_run_its_new_events_and_status_by_index(
+    db_url: str, live_store: RunStore
+) -> None:
+    leases = await leased_runs(live_store, 50)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        # 200 events for each of the 50 runs: 10,000 rows a scan would read.
+        conn.execute(
+            "INSERT INTO agent_run_events (run_id, seq, kind)"
+            " SELECT r, g, 'tick' FROM unnest(%s::uuid[]) r, generate_series(1, 200) g",
+            [[lease.run_id for lease in leases]])
+        conn.execute("UPDATE agent_runs SET event_seq = 200")
+        conn.execute("VACUUM ANALYZE agent_run_events")
+    done, fresh, quiet, *_ = leases
+    await live_store.ack(done)
+    missing = uuid4()
+    news, limit = await live_store.events_fanout(
+        {done.run_id: 195, fresh.run_id: 0, quiet.run_id: 200, missing: 0})
+    assert limit == 500
+    assert set(news) == {done.run_id, fresh.run_id, quiet.run_id}  # missing: gone
+    assert [e.seq for e in news[done.run_id].events] == [196, 197, 198, 199, 200]
+    assert news[done.run_id].finished
+    assert [e.seq for e in news[fresh.run_id].events] == list(range(1, 201))
+    assert news[quiet.run_id].events == []
+    assert news[quiet.run_id].status is RunStatus.LEASED
+    assert not news[quiet.run_id].finished
+    ended = await live_store.runs_ended([done.run_id, missing])
+    assert list(ended) == [done.run_id]
+    assert ended[done.run_id].status is RunStatus.DONE
+
+    # Many runs, each after its last seq: the primary key, a few rows each.
+    after = {lease.run_id: 198 for lease in leases[3:]}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        (plan,) = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql("run_events_fanout"),
+            {"ids": list(after), "afters": list(after.values()), "limit": 100}).fetchone()
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    rows, how = events_rows_read(plan[0]["Plan"])
+    assert how, plan
+    assert "Seq Scan" not in how, how
+    assert rows <= 2 * len(after) + 10, (rows, how)
