@@ -149,8 +149,8 @@ WITH upd AS (
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -208,8 +208,8 @@ WITH clock AS (
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -246,8 +246,8 @@ WITH clock AS (
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -284,8 +284,8 @@ WITH clock AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -317,8 +317,8 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -353,8 +353,8 @@ WITH clock AS (
        AND (p.default_max_in_flight IS NOT NULL
             OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
@@ -403,8 +403,8 @@ WITH clock AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd) p
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.pool, upd.tenant_id, upd.status
@@ -431,8 +431,8 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
