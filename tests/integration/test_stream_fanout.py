@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID, uuid4
@@ -400,3 +401,84 @@ def test_every_transition_that_writes_an_event_or_ends_a_run_notifies_the_stream
         assert f"pg_notify('{EVENTS_CHANNEL}', upd.id::text || ':' || upd.event_seq)" in \
             sql(name), name
         assert "CROSS JOIN events_notify" in sql(name), name
+
+
+async def test_subscribers_leaving_mid_wait_never_stall_the_reader_for_the_others(
+    db_url: str, live_store: RunStore
+) -> None:
+    # Clients that go away while their streams wait leave nothing behind that
+    # the run's other subscriber or the one reader of every stream depends on.
+    async with serve_api(db_url) as api, http_for(api) as http:
+        busy, other = await leased_runs(live_store, 2)
+        kept: list[int] = []
+        others: list[int] = []
+        tasks = [asyncio.create_task(follow(http, busy.run_id, kept)),
+                 asyncio.create_task(follow(http, other.run_id, others))]
+        for _ in range(3):
+            leaving = []
+            for _ in range(40):
+                reader, writer = await asyncio.open_connection("127.0.0.1", api.server.port)
+                writer.write(f"GET /v1/runs/{busy.run_id}/events HTTP/1.1\r\nHost: t\r\n"
+                             f"Authorization: Bearer {api.token('acme')}\r\n\r\n".encode())
+                leaving.append((reader, writer))
+
+            async def joined() -> bool:
+                return subscribers(api) == 42
+            await until(joined, what="40 more streams following")
+            for _, writer in leaving:
+                writer.close()
+
+            async def left() -> bool:
+                return subscribers(api) == 2
+            await until(left, what="the 40 streams gone")
+        await live_store.record_event(busy, "tick", {})
+        await live_store.record_event(other, "tick", {})
+        await live_store.ack(busy)
+        await live_store.ack(other)
+        ends = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert ends == ["done", "done"]
+    assert (kept, others) == ([1], [1])
+
+
+class Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(self.format(record))
+
+
+async def test_streams_cut_at_shutdown_end_without_an_error(
+    db_url: str, live_store: RunStore
+) -> None:
+    # Clients leaving while the server stops: each waiting stream is
+    # cancelled more than once (the client's leaving, then shutdown). A
+    # subscriber waiting on a Condition came out of it without its lock
+    # ("Lock is not acquired", logged as an error of the ASGI app) and could
+    # leave the lock held for the reader; an Event has no lock to leave.
+    (lease,) = await leased_runs(live_store, 1)
+    errors = Errors()
+    logging.getLogger("uvicorn.error").addHandler(errors)  # where the ASGI app's errors go
+    try:
+        await _cut_at_shutdown(db_url, lease)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(errors)
+    assert not [e for e in errors.seen if "Lock is not acquired" in e], errors.seen[:1]
+    assert errors.seen == []
+
+
+async def _cut_at_shutdown(db_url: str, lease: Lease) -> None:
+    async with serve_api(db_url) as api:
+        leaving = []
+        for _ in range(200):
+            _, writer = await asyncio.open_connection("127.0.0.1", api.server.port)
+            writer.write(f"GET /v1/runs/{lease.run_id}/events HTTP/1.1\r\nHost: t\r\n"
+                         f"Authorization: Bearer {api.token('acme')}\r\n\r\n".encode())
+            leaving.append(writer)
+
+        async def joined() -> bool:
+            return subscribers(api) == 200
+        await until(joined, what="200 streams following")
+        for writer in leaving:
+            writer.close()

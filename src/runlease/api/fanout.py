@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable
 from uuid import UUID
 
 import psycopg
@@ -49,7 +48,11 @@ def render(event: Event) -> str:
 class RunFeed:
     """One followed run: its recent events, rendered once, and whether it
     ended. Only the fan-out's reader writes it; subscribers wait on
-    `changed`."""
+    `changed`, an Event replaced at every wake-up.
+
+    No lock: a Condition's lock, left held when a cancel scope cancels a
+    waiter twice (a client leaving), would block the one reader of every
+    stream; and the reader never waits on a subscriber."""
 
     def __init__(self, run_id: UUID, start_seq: int) -> None:
         self.run_id = run_id
@@ -59,7 +62,7 @@ class RunFeed:
         self.first_seq = start_seq + 1  # the ring holds events from here on
         self.finished: Run | None = None
         self.gone = False  # deleted (retention) while followed
-        self.changed = asyncio.Condition()
+        self.changed = asyncio.Event()
         self.subscribers = 0
 
     def covering(self, after: int) -> list[Event] | None:
@@ -83,9 +86,10 @@ class RunFeed:
                 self.rendered.pop(gone.seq, None)
             del self.events[:drop]
 
-    async def wake(self) -> None:
-        async with self.changed:
-            self.changed.notify_all()
+    def wake(self) -> None:
+        """Wake every subscriber waiting now; later ones wait on a new Event."""
+        self.changed.set()
+        self.changed = asyncio.Event()
 
 
 class Fanout:
@@ -248,7 +252,8 @@ class Fanout:
                 feed.finished = final.get(feed.run_id)
                 feed.gone = feed.finished is None
                 woken.append(feed)
-        await _wake(woken)
+        for feed in woken:
+            feed.wake()
 
     def _count(self) -> None:
         self.reads += 1
@@ -266,8 +271,3 @@ class Fanout:
             with contextlib.suppress(psycopg.Error):
                 await self._conn.close()
             self._conn = None
-
-
-async def _wake(feeds: Iterable[RunFeed]) -> None:
-    for feed in feeds:
-        await feed.wake()

@@ -83,7 +83,7 @@ class FeedHub:
         """End every stream (on shutdown): open streams must not hold it up."""
         self.closed = True
         for feed in list(self.feeds.values()):
-            await feed.wake()
+            feed.wake()
 
     def admit(self, tenant: str) -> StreamSlot | None:
         """A slot for one more stream of `tenant`, or None at its cap."""
@@ -126,14 +126,16 @@ class FeedHub:
                 return
             if feed.gone:
                 raise RunNotFound(feed.run_id)
+            # Taken and checked with no await in between, so a wake-up by the
+            # reader is either seen here or sets this Event: none is lost.
+            changed = feed.changed
             idle = False
-            async with feed.changed:
-                # Checked under the lock the reader notifies under: no lost wake-up.
-                if (feed.last_seq <= after and feed.finished is None and not feed.gone
-                        and not self.closed):
-                    try:
-                        await asyncio.wait_for(feed.changed.wait(), self.keepalive_s)
-                    except TimeoutError:
-                        idle = True
-            if idle:  # never yield while holding the feed's lock
+            if (feed.last_seq <= after and feed.finished is None and not feed.gone
+                    and not self.closed):
+                try:
+                    async with asyncio.timeout(self.keepalive_s):
+                        await changed.wait()
+                except TimeoutError:
+                    idle = True
+            if idle:
                 yield Keepalive()
