@@ -46,7 +46,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.queries import sql
 from runlease.db.store import NewRun, RunStore
 
@@ -105,13 +105,13 @@ def claim_rate(url: str, pool: str, runs: int) -> dict[str, float]:
     """Enqueue `runs` for a fresh uncapped tenant, then claim 1 + ack until
     they are all done; claims/s overall and in the last tenth."""
     async def go() -> dict[str, float]:
-        async with make_pool(url, min_size=1, max_size=1) as conns:
-            store = RunStore(conns)
+        async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             tenant = f"fresh-{time.monotonic_ns()}"
             for i in range(0, runs, 1000):
                 await store.enqueue_many(pool, [NewRun(tenant, {"i": j})
                                                 for j in range(i, min(runs, i + 1000))])
-            async with conns.connection() as conn:
+            async with conn_pool.connection() as conn:
                 done = 0
                 t0 = time.perf_counter()
                 tail_at = runs - runs // 10
@@ -170,8 +170,8 @@ def target1(url: str, quick: bool, runs: int | None = None) -> dict[str, Any]:
 
 def queue_stats_p99(url: str, pool: str, calls: int = 20) -> float:
     async def go() -> float:
-        async with make_pool(url, min_size=1, max_size=1) as conns:
-            store = RunStore(conns)
+        async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             times = []
             for _ in range(calls):
                 t0 = time.perf_counter()

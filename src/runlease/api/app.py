@@ -25,7 +25,7 @@ from runlease.api.errors import error_response
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
 from runlease.db.channels import EVENTS_CHANNEL
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.listener import Listener
@@ -150,10 +150,11 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = make_pool(url, min_size=1, max_size=20, prepare=settings.prepared_statements,
-                         application_name="runlease-api")
-        await pool.open(wait=False)
-        state.store = RunStore(pool, max_input_bytes=settings.max_input_bytes)
+        conn_pool = make_conn_pool(url, min_size=1, max_size=20,
+                                   prepare=settings.prepared_statements,
+                                   application_name="runlease-api")
+        await conn_pool.open(wait=False)
+        state.store = RunStore(conn_pool, max_input_bytes=settings.max_input_bytes)
         state.hub = FeedHub(state.store, poll_s=settings.sse_poll_s,
                             keepalive_s=settings.sse_keepalive_s,
                             max_per_tenant=settings.sse_max_streams_per_tenant)
@@ -170,7 +171,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
             yield
         finally:
             await listener.stop(2)
-            await pool.close()
+            await conn_pool.close()
 
     app = FastAPI(
         title="runlease", version=__version__, lifespan=lifespan, responses=COMMON_ERRORS,

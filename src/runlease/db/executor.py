@@ -38,14 +38,14 @@ class Executor:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Conn],
+        conn_pool: AsyncConnectionPool[Conn],
         *,
         clock: Clock | None = None,
         redactor: Redactor = DEFAULT_REDACTOR,
         max_input_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
         max_result_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
     ) -> None:
-        self.pool = pool
+        self.conn_pool = conn_pool
         self.clock: Clock = clock or SystemClock()
         self.redactor = redactor
         self.max_input_bytes = max_input_bytes
@@ -53,12 +53,12 @@ class Executor:
 
     @asynccontextmanager
     async def connection(self, conn: Conn | None = None) -> AsyncIterator[Conn]:
-        """The given connection, or one from the pool; errors translated."""
+        """The given connection, or one from the connection pool; errors translated."""
         try:
             if conn is not None:
                 yield conn
             else:
-                async with self.pool.connection() as pooled:
+                async with self.conn_pool.connection() as pooled:
                     yield pooled
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no database connection available: {exc}") from exc

@@ -27,7 +27,7 @@ from runlease import logs, metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
 from runlease.db.store import Rendered, RunStore
 from runlease.errors import RunleaseError, SettingsError
@@ -98,12 +98,13 @@ class Worker:
         s = self.settings
         if self.seal_environ:  # before the first child process of any kind
             toolenv.seal([s.database_url, s.listen_database_url])
-        pool = make_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
-                         prepare=s.prepared_statements, application_name="runlease-worker")
-        await pool.open(wait=False)
+        conn_pool = make_conn_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
+                                   prepare=s.prepared_statements,
+                                   application_name="runlease-worker")
+        await conn_pool.open(wait=False)
         redactor = Redactor(s.redact_patterns)
         logs.use_redactor(redactor)  # log lines pass the same rules as what is stored
-        self.store = RunStore(pool, redactor=redactor)
+        self.store = RunStore(conn_pool, redactor=redactor)
         try:
             # The pool row is the one source of the lease (claims, heartbeats
             # and the fence all use what it said at start) and of the
@@ -112,7 +113,7 @@ class Worker:
             s = self.settings = s.with_pool_lease(row.lease_s)
             self.tool_grant = self.tool_grant | frozenset(row.tool_env)
         except BaseException:
-            await pool.close()
+            await conn_pool.close()
             raise
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack)
@@ -156,7 +157,7 @@ class Worker:
             await self._done.wait()
         finally:
             await self._shutdown()
-            await pool.close()
+            await conn_pool.close()
         return 0
 
     async def _check_pool(self) -> Pool:
