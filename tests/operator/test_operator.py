@@ -21,12 +21,12 @@ from tests.operator.conftest import (
     SERVICES,
     create_pool,
     database_secret,
-    eventually,
     requests_of,
     running_operator,
     stored,
 )
 from tests.operator.hostile import HOSTILE_NAMES
+from tests.support.waiting import eventually
 
 OWNER = {"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": "batch",
          "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}
