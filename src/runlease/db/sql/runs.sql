@@ -125,8 +125,8 @@ RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL
 -- Finish runs successfully, one or many in one statement. The arrays are
 -- parallel; array_position pairs each row with its epoch and result without
 -- a join, so the plan is one primary-key scan. A finished run frees a slot
--- of its tenant: in a pool with tenant limits, NOTIFY the pool so a claimer
--- waiting on a capped tenant claims its next run now, not at its next poll.
+-- of its tenant: runlease_notify_freed wakes the claimers of a pool with
+-- tenant limits.
 WITH upd AS (
     UPDATE agent_runs r
        SET status = 'done', locked_by = NULL, locked_until = NULL,
@@ -143,11 +143,7 @@ WITH upd AS (
        AND r.locked_until > coalesce(%(now)s::timestamptz, now())
     RETURNING r.id, r.pool
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 )
 SELECT upd.id FROM upd CROSS JOIN notify;
 
@@ -197,12 +193,7 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 )
 SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify;
 
@@ -231,12 +222,7 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 )
 SELECT id, status, attempts FROM upd CROSS JOIN notify;
 
@@ -326,12 +312,7 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
