@@ -23,10 +23,7 @@ def dead_list(api_url: str, token: str, as_json: bool, pool: str | None, limit: 
     """Runs that ended dead."""
     with client(api_url, token) as api:
         page = api.dead_letters(pool=pool, limit=limit, cursor=cursor)
-    if as_json:
-        emit_json(page)
-    else:
-        page_out(runs_table(page.items, "dead letters"), page.next_cursor)
+    page_out(page, as_json, lambda runs: runs_table(runs, "dead letters"))
 
 
 @dead.command("redrive")

@@ -73,10 +73,7 @@ def list_runs(api_url: str, token: str, as_json: bool, status: str | None, pool:
     """Runs, newest first."""
     with client(api_url, token) as api:
         page = api.list(status=status, pool=pool, limit=limit, cursor=cursor)
-    if as_json:
-        emit_json(page)
-    else:
-        page_out(runs_table(page.items), page.next_cursor)
+    page_out(page, as_json, runs_table)
 
 
 @runs.command("show")
@@ -129,10 +126,7 @@ def steps(api_url: str, token: str, as_json: bool, run_id: str, limit: int,
     """A run's committed durable steps (what its tools returned), in key order."""
     with client(api_url, token) as api:
         page = api.steps(run_id, limit=limit, cursor=cursor)
-    if as_json:
-        emit_json(page)
-    else:
-        page_out(steps_table(page.items), page.next_cursor)
+    page_out(page, as_json, steps_table)
 
 
 @runs.command("tail")
