@@ -12,7 +12,7 @@ import httpx
 
 from runlease.client.calls import Call, Calls, T, Waiting, check
 from runlease.client.errors import ApiError
-from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
+from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
@@ -72,7 +72,6 @@ class AsyncClient:
                      read_timeout_s: float = 60.0) -> AsyncIterator[StreamEvent | RunEnded]:
         resume = Resume(run_id, after, max_reconnects)
         while True:
-            parser = SseParser()
             error: Exception | None = None
             try:
                 async with self._http.stream(**self._calls.events(run_id, resume.after,
@@ -81,11 +80,10 @@ class AsyncClient:
                         await r.aread()
                         check(r)
                     async for line in r.aiter_lines():
-                        item = parser.feed(line)
-                        if item is not None:
+                        for item in resume.take(line):
                             yield item
-                            if resume.seen(item):
-                                return
+                        if resume.ended:
+                            return
             except (httpx.TransportError, ApiError) as exc:
                 error = exc
             await asyncio.sleep(resume.dropped(error))

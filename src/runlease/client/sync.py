@@ -12,7 +12,7 @@ import httpx
 
 from runlease.client.calls import Call, Calls, T, Waiting, check
 from runlease.client.errors import ApiError
-from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
+from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
@@ -74,7 +74,6 @@ class Client:
         after RunEnded."""
         resume = Resume(run_id, after, max_reconnects)
         while True:
-            parser = SseParser()
             error: Exception | None = None
             try:
                 with self._http.stream(**self._calls.events(run_id, resume.after,
@@ -83,11 +82,9 @@ class Client:
                         r.read()
                         check(r)
                     for line in r.iter_lines():
-                        item = parser.feed(line)
-                        if item is not None:
-                            yield item
-                            if resume.seen(item):
-                                return
+                        yield from resume.take(line)
+                        if resume.ended:
+                            return
             except (httpx.TransportError, ApiError) as exc:
                 error = exc
             time.sleep(resume.dropped(error))
