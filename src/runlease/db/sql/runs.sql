@@ -106,19 +106,47 @@ SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locke
 -- Renew every lease one worker holds, in one statement. Only locked_until
 -- changes, and no index covers it, so the update is HOT. Runs missing from
 -- the result have lost their lease.
-UPDATE agent_runs r
-   SET locked_until = coalesce(%(now)s::timestamptz, now())
-                      + make_interval(secs => coalesce(%(lease_s)s::integer, p.lease_s))
-  FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch),
-       agent_run_pools p
- WHERE r.id = ANY (%(ids)s::uuid[])  -- lets the planner go by primary key
-   AND r.id = h.id
-   AND r.lease_epoch = h.epoch
-   AND r.locked_by = %(worker)s
-   AND (r.status = 'leased') IS TRUE
-   AND r.locked_until > coalesce(%(now)s::timestamptz, now())
-   AND p.name = r.pool
-RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested;
+-- One relation, found by primary key (id = ANY); each row's epoch is looked
+-- up in an object built once from the pairs. Not a join with the unnest of
+-- the pairs: in a generic plan (the lease keeper's prepared statement) that
+-- became a nested loop rescanning every pair for every row, quadratic in
+-- the leases held (1,000 leases: 0.4 s). The pool's lease is looked up only
+-- when the caller gives none.
+-- Given the worker's pool, its registry row is renewed in the same statement
+-- (inserted again if the reaper deleted it while the worker was away).
+WITH clock AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), upd AS (
+    UPDATE agent_runs r
+       SET locked_until = clock.ts + make_interval(secs => coalesce(
+               %(lease_s)s::integer,
+               (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = r.pool)))
+      FROM clock
+     WHERE r.id = ANY (%(ids)s::uuid[])
+       AND r.lease_epoch = ((SELECT jsonb_object(%(ids)s::uuid[]::text[],
+                                                 %(epochs)s::bigint[]::text[]))
+                            ->> r.id::text)::bigint
+       AND r.locked_by = %(worker)s
+       AND (r.status = 'leased') IS TRUE
+       AND r.locked_until > clock.ts
+    RETURNING r.id, r.lease_epoch, r.locked_until,
+              r.cancel_requested_at IS NOT NULL AS cancel_requested
+), registry AS (
+    INSERT INTO agent_run_workers AS w
+           (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at)
+    SELECT %(worker)s, %(pool)s::text, %(version)s::text, %(concurrency)s::integer,
+           (SELECT count(*) FROM upd), clock.ts, clock.ts,
+           clock.ts + make_interval(secs => coalesce(
+               %(lease_s)s::integer,
+               (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = %(pool)s::text),
+               45))
+      FROM clock
+     WHERE %(pool)s::text IS NOT NULL
+        ON CONFLICT (id) DO UPDATE
+       SET runs_held = excluded.runs_held, heartbeat_at = excluded.heartbeat_at,
+           expires_at = excluded.expires_at
+)
+SELECT upd.id, upd.lease_epoch, upd.locked_until, upd.cancel_requested FROM upd;
 
 
 -- name: run_ack
