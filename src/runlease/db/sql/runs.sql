@@ -371,12 +371,46 @@ SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS
 -- 'lease_expired' when no attempt is left, or cancelled when a cancel was
 -- requested. SKIP LOCKED passes over a row a heartbeat is renewing right now;
 -- a renewal that commits first is seen by the re-check of the locking read.
-WITH clock AS (
+-- Flat in live leases: not a scan of every lease for an expired one, but
+-- the holders of leases (one descent of agent_runs_holder_idx each) whose
+-- registry row expired or is missing, and only their leases; plus the ids
+-- given, candidates the reaper's slow sweep (run_lease_sweep) found among
+-- live workers' leases. Every candidate is re-checked by primary key.
+WITH RECURSIVE clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), holders AS (
+    (SELECT r.locked_by FROM agent_runs r
+      WHERE r.status = 'leased'
+      ORDER BY r.locked_by LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.locked_by FROM agent_runs r
+             WHERE r.status = 'leased' AND r.locked_by > h.locked_by
+             ORDER BY r.locked_by LIMIT 1)
+      FROM holders h
+     WHERE h.locked_by IS NOT NULL
+), suspects AS (
+    SELECT h.locked_by
+      FROM holders h, clock
+     WHERE h.locked_by IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM agent_run_workers w
+                        WHERE w.id = h.locked_by AND w.expires_at >= clock.ts)
+), candidates AS (
+    SELECT c.id
+      FROM suspects s, clock
+     CROSS JOIN LATERAL (
+            SELECT r.id FROM agent_runs r
+             WHERE r.locked_by = s.locked_by AND r.status = 'leased'
+               AND r.locked_until < clock.ts
+             ORDER BY r.locked_by, r.id
+             LIMIT %(batch)s
+           ) c
+    UNION
+    SELECT x.id FROM unnest(%(ids)s::uuid[]) AS x (id)
 ), expired AS (
     SELECT r.id
       FROM agent_runs r, clock
-     WHERE r.status = 'leased' AND r.locked_until < clock.ts
+     WHERE r.id = ANY (ARRAY(SELECT candidates.id FROM candidates))
+       AND (r.status = 'leased') IS TRUE AND r.locked_until < clock.ts
      ORDER BY r.locked_until
      LIMIT %(batch)s
        FOR UPDATE OF r SKIP LOCKED
@@ -395,8 +429,8 @@ WITH clock AS (
                                 ELSE r.error_message END,
            available_at = clock.ts, locked_by = NULL, locked_until = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
-      FROM expired, clock
-     WHERE r.id = expired.id
+      FROM clock
+     WHERE r.id = ANY (ARRAY(SELECT expired.id FROM expired))
     RETURNING r.id, r.pool, r.tenant_id, r.status, r.attempts, r.event_seq
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -408,6 +442,20 @@ WITH clock AS (
       FROM (SELECT DISTINCT upd.pool FROM upd) p
 )
 SELECT upd.id, upd.pool, upd.tenant_id, upd.status FROM upd CROSS JOIN notify;
+
+
+-- name: run_lease_sweep
+-- The reaper's slow sweep: a window of leases after a cursor in
+-- agent_runs_holder_idx order (a bounded read, whatever the leases), and
+-- which of them expired: a lease its worker stopped renewing while the
+-- worker itself lives (its registry row fresh), which run_reap's look at
+-- expired workers would not find. The reaper passes their ids to run_reap.
+SELECT r.locked_by, r.id, r.locked_until < coalesce(%(now)s::timestamptz, now()) AS expired
+  FROM agent_runs r
+ WHERE r.status = 'leased'
+   AND (r.locked_by, r.id) > (%(after_by)s::text, %(after_id)s::uuid)
+ ORDER BY r.locked_by, r.id
+ LIMIT %(rows)s;
 
 
 -- name: run_redrive
@@ -465,24 +513,38 @@ SELECT r.*
 
 -- name: run_retention_delete
 -- Delete finished runs (and, by cascade, their events and steps) that
--- finished before the cutoff, in one bounded batch. A run finishes after it
--- is created and ids are UUIDv7, so only ids below the cutoff's UUIDv7 can
--- qualify: the primary key bounds the scan, no finished_at index needed.
-WITH cutoff AS (
-    SELECT ts, (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0')
-                || repeat('0', 20))::uuid AS id
-      FROM (SELECT coalesce(%(now)s::timestamptz, now())
-                   - make_interval(secs => %(retention_s)s) AS ts) t
+-- finished before the cutoff, in one bounded batch: an operator's purge
+-- across pools. Each pool with finished runs (a loose scan of
+-- agent_runs_finished_idx, one descent per pool) gives its oldest finished
+-- runs from that index: only what is deleted is read, never live runs.
+WITH RECURSIVE cutoff AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s) AS ts
+), pools AS (
+    (SELECT r.pool FROM agent_runs r
+      WHERE r.finished_at IS NOT NULL
+      ORDER BY r.pool LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.pool FROM agent_runs r
+             WHERE r.finished_at IS NOT NULL AND r.pool > p.pool
+             ORDER BY r.pool LIMIT 1)
+      FROM pools p
+     WHERE p.pool IS NOT NULL
 ), doomed AS (
-    SELECT r.id
-      FROM agent_runs r, cutoff
-     WHERE r.id < cutoff.id
-       AND r.finished_at < cutoff.ts
-     ORDER BY r.id
+    SELECT d.id
+      FROM pools p, cutoff
+     CROSS JOIN LATERAL (
+            SELECT r.id FROM agent_runs r
+             WHERE r.pool = p.pool AND r.finished_at IS NOT NULL
+               AND r.finished_at < cutoff.ts
+             ORDER BY r.finished_at
+             LIMIT %(batch)s
+               FOR UPDATE OF r SKIP LOCKED
+           ) d
+     WHERE p.pool IS NOT NULL
      LIMIT %(batch)s
-       FOR UPDATE OF r SKIP LOCKED
 ), deleted AS (
-    DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
+    -- By primary key, whatever the planner guesses of the batch's size.
+    DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
     RETURNING r.id, r.tenant_id
 ), unindexed AS (
     DELETE FROM agent_run_tenant_index t USING deleted
@@ -494,30 +556,30 @@ SELECT id FROM deleted;
 -- name: run_retention_by_pool
 -- Retention as each pool sets it: delete runs that finished more than their
 -- pool's retention_s ago (0 keeps them), with their events and steps by
--- cascade, in one bounded batch across pools. Like run_retention_delete, the
--- primary key bounds the scan: ids below the UUIDv7 of the latest cutoff.
+-- cascade, in one bounded batch across pools. Each pool's oldest finished
+-- runs come from agent_runs_finished_idx: only what is deleted is read,
+-- never live runs (however old their ids).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
 ), pools AS (
     SELECT p.name, clock.ts - make_interval(secs => p.retention_s) AS cutoff
       FROM agent_run_pools p, clock
      WHERE p.retention_s > 0
-), bound AS (
-    SELECT (lpad(to_hex((extract(epoch FROM max(pools.cutoff)) * 1000)::bigint), 12, '0')
-            || repeat('0', 20))::uuid AS id
-      FROM pools
 ), doomed AS (
-    SELECT r.id
-      FROM agent_runs r
-      JOIN pools ON pools.name = r.pool
-     CROSS JOIN bound
-     WHERE r.id < bound.id
-       AND r.finished_at < pools.cutoff
-     ORDER BY r.id
+    SELECT d.id
+      FROM pools
+     CROSS JOIN LATERAL (
+            SELECT r.id FROM agent_runs r
+             WHERE r.pool = pools.name AND r.finished_at IS NOT NULL
+               AND r.finished_at < pools.cutoff
+             ORDER BY r.finished_at
+             LIMIT %(batch)s
+               FOR UPDATE OF r SKIP LOCKED
+           ) d
      LIMIT %(batch)s
-       FOR UPDATE OF r SKIP LOCKED
 ), deleted AS (
-    DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
+    -- By primary key, whatever the planner guesses of the batch's size.
+    DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
     RETURNING r.id, r.pool, r.tenant_id
 ), unindexed AS (
     DELETE FROM agent_run_tenant_index t USING deleted
