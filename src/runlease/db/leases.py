@@ -104,13 +104,14 @@ class LeaseStore(WorkerStore):
             return HeartbeatResult()
         extra = ({"pool": None, "version": None, "concurrency": None} if registry is None
                  else registry.params())
-        rows = await self._rows(
+        (row,) = await self._rows(
             "run_heartbeat", _held(worker, pairs) | extra | {"lease_s": lease_s}, conn)
-        held = {r["id"]: r["locked_until"] for r in rows}
+        lost = frozenset(row["lost"] or ())
+        until = row["locked_until"]
         return HeartbeatResult(
-            held=held,
-            cancel_requested=frozenset(r["id"] for r in rows if r["cancel_requested"]),
-            lost=frozenset(p[0] for p in pairs if p[0] not in held),
+            held={p[0]: until for p in pairs if p[0] not in lost},
+            cancel_requested=frozenset(row["cancel_requested"] or ()),
+            lost=lost,
         )
 
     async def ack(self, lease: Lease, result: Any = None, *, conn: Conn | None = None) -> None:

@@ -104,33 +104,32 @@ SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locke
 
 -- name: run_heartbeat
 -- Renew every lease one worker holds, in one statement. Only locked_until
--- changes, and no index covers it, so the update is HOT. Runs missing from
--- the result have lost their lease.
+-- changes, and no index covers it, so the update is HOT.
 -- One relation, found by primary key (id = ANY); each row's epoch is looked
 -- up in an object built once from the pairs. Not a join with the unnest of
 -- the pairs: in a generic plan (the lease keeper's prepared statement) that
 -- became a nested loop rescanning every pair for every row, quadratic in
 -- the leases held (1,000 leases: 0.4 s). The pool's lease is looked up only
 -- when the caller gives none.
+-- One row comes back, not one per lease (parsing a row per lease cost the
+-- worker as much as the update): how many were renewed, until when (the
+-- earliest, if they differ), the runs whose cancel was requested, and, only
+-- when some were not renewed, the ids of those (their leases are lost).
 -- Given the worker's pool, its registry row is renewed in the same statement
 -- (inserted again if the reaper deleted it while the worker was away).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH upd AS (
     UPDATE agent_runs r
-       SET locked_until = clock.ts + make_interval(secs => coalesce(
+       SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => coalesce(
                %(lease_s)s::integer,
                (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = r.pool)))
-      FROM clock
      WHERE r.id = ANY (%(ids)s::uuid[])
        AND r.lease_epoch = ((SELECT jsonb_object(%(ids)s::uuid[]::text[],
                                                  %(epochs)s::bigint[]::text[]))
                             ->> r.id::text)::bigint
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
-    RETURNING r.id, r.lease_epoch, r.locked_until,
-              r.cancel_requested_at IS NOT NULL AS cancel_requested
+       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+    RETURNING r.id, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested
 ), registry AS (
     INSERT INTO agent_run_workers AS w
            (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at)
@@ -140,13 +139,18 @@ WITH clock AS (
                %(lease_s)s::integer,
                (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = %(pool)s::text),
                45))
-      FROM clock
+      FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS ts) clock
      WHERE %(pool)s::text IS NOT NULL
         ON CONFLICT (id) DO UPDATE
        SET runs_held = excluded.runs_held, heartbeat_at = excluded.heartbeat_at,
            expires_at = excluded.expires_at
 )
-SELECT upd.id, upd.lease_epoch, upd.locked_until, upd.cancel_requested FROM upd;
+SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
+       array_agg(upd.id) FILTER (WHERE upd.cancel_requested) AS cancel_requested,
+       CASE WHEN count(*) < cardinality(%(ids)s::uuid[]) THEN
+           (SELECT array_agg(h.id) FROM unnest(%(ids)s::uuid[]) AS h (id)
+             WHERE h.id NOT IN (SELECT upd.id FROM upd)) END AS lost
+  FROM upd;
 
 
 -- name: run_ack
