@@ -29,7 +29,7 @@ from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
-from runlease.db.store import Rendered, RunStore
+from runlease.db.store import Registration, Rendered, RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
 from runlease.services.identity import worker_id
@@ -115,12 +115,15 @@ class Worker:
         except BaseException:
             await conn_pool.close()
             raise
+        # In the workers registry until a clean shutdown (the lease keeper renews the row).
+        self.registration = Registration(self.identity, s.pool, s.concurrency)
+        await self._register()
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack)
         self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
                                   lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
                                   prepare=s.prepared_statements, on_lost=self._lost,
-                                  clock=self.clock)
+                                  clock=self.clock, registry=self.registration)
         self.claims = ClaimLoop(self.store, self.url, self.identity, pool=s.pool,
                                 lease_s=s.lease_s, batch=s.batch,
                                 poll_interval_s=s.poll_interval_s,
@@ -178,6 +181,12 @@ class Worker:
                 log.warning("lease_override pool=%s pool_lease_s=%s worker_lease_s=%s",
                             pool.name, pool.lease_s, self.settings.lease_s)
             return pool
+
+    async def _register(self) -> None:
+        try:
+            await self.store.register_worker(self.registration, lease_s=self.settings.lease_s)
+        except RunleaseError as exc:  # the first heartbeat inserts the row again
+            log.warning("worker_register_failed error=%s", exc)
 
     def drain(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
@@ -239,6 +248,8 @@ class Worker:
             await self.probes.stop()
         if self.claims is not None:
             await self.claims.stop(1.0)
+        with contextlib.suppress(RunleaseError):
+            await self.store.deregister_worker(self.identity)
 
     # -- claiming -----------------------------------------------------------------------
 
