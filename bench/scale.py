@@ -373,17 +373,23 @@ def _leases(url: str, quick: bool) -> Measured:
     return {"details": t2, "targets": lease_targets(t2)}
 
 
+def _streams(url: str, quick: bool) -> Measured:
+    import scale_streams  # bench/scale_streams.py
+
+    t4 = scale_streams.measure(url, quick)
+    return {"details": t4, "targets": scale_streams.targets(t4)}
+
+
 RUNS: list[int | None] = [None]  # --runs, for target 1
 
 TARGETS: list[Target] = [
     # Target 1 also measures target 3's queue stats over its backlog.
     Target("1", "claim", _claim),
     Target("2", "leases", _leases),
-    # Targets 4-7: Target("4", "streams", external("scale_streams:measure")), ...
+    Target("4", "streams", _streams),
 ]
 
 NOT_MEASURED = {
-    "4": "4. streams by the thousand (not measured here yet)",
     "5": "5. faster drain (bench/throughput.py)",
     "6": "6. memory (bench/soak.py)",
     "7": "7. behind PgBouncer",

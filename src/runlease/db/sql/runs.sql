@@ -173,11 +173,15 @@ WITH upd AS (
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
        AND r.locked_until > coalesce(%(now)s::timestamptz, now())
-    RETURNING r.id, r.pool
+    RETURNING r.id, r.pool, r.event_seq
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id FROM upd CROSS JOIN notify;
+SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_nack
@@ -226,8 +230,12 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify;
+SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_fail
@@ -255,8 +263,12 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts FROM upd CROSS JOIN notify;
+SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_release
@@ -289,8 +301,12 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_request_cancel
@@ -318,8 +334,12 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_finalize_cancel
@@ -345,10 +365,14 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
-  FROM upd, clock CROSS JOIN notify;
+  FROM upd, clock CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_reap
@@ -425,8 +449,13 @@ WITH RECURSIVE clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd) p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.pool, upd.tenant_id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.pool, upd.tenant_id, upd.status
+  FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_lease_sweep
@@ -462,8 +491,12 @@ WITH clock AS (
     SELECT upd.id, upd.event_seq, 'run.redriven', '{}'::jsonb, clock.ts FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.* FROM upd CROSS JOIN notify;
+SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_get
