@@ -29,6 +29,7 @@ from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import make_pool
 from runlease.db.models import Lease, Pool
+from runlease.db.pooler import refuse_prepared_behind_pooler
 from runlease.db.store import Rendered, RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
@@ -109,6 +110,8 @@ class Worker:
             # and the fence all use what it said at start) and of the
             # variables its tools may see.
             row = await self._check_pool()
+            if s.prepared_statements:
+                await refuse_prepared_behind_pooler(self.url)
             s = self.settings = s.with_pool_lease(row.lease_s)
             self.tool_grant = self.tool_grant | frozenset(row.tool_env)
         except BaseException:
