@@ -298,6 +298,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("1", "2"), help="one target's measurement")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
+    ap.add_argument("--soak", action="store_true",
+                    help="target 6: bench/soak.py --quick on the same server (+3 minutes)")
     args = ap.parse_args()
     with server(args.database_url, durable=args.durable) as url:
         t1 = target1(url, args.quick, args.runs) if args.only in (None, "1") else None
@@ -305,6 +307,11 @@ def main() -> None:
     result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
               "date": time.strftime("%Y-%m-%d"),
               "claim": t1, "leases": t2, "targets": targets(t1, t2)}
+    if args.soak:  # target 6 (bench/soak.py), after the others: it loads the machine
+        import soak
+
+        result["soak"] = soak.measure(args.database_url, quick=True)
+        result["targets"] = soak.with_memory(result["targets"], result["soak"])
     if args.json:
         emit_json(result)
         return
