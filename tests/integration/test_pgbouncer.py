@@ -7,6 +7,7 @@ run passes through it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -95,6 +96,27 @@ async def test_a_worker_with_prepared_statements_behind_pgbouncer_refuses_to_sta
     assert "transaction pooled" in str(raised.value)
 
 
+async def test_a_worker_listening_through_pgbouncer_warns_and_still_polls(
+        bouncer_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    async with make_pool(bouncer_url, max_size=2, prepare=False) as pool:
+        store = RunStore(pool)
+        with caplog.at_level(logging.WARNING, logger="runlease.db.pooler"):
+            async with running_worker(bouncer_url, agents.echo, prepared_statements=False,
+                                      poll_interval_s=0.2):
+                ids = [(await store.enqueue("default", "acme", {})).run.id for _ in range(3)]
+                await all_done(store, ids)
+    assert "listen_through_pooler" in caplog.text
+    assert "RUNLEASE_LISTEN_DATABASE_URL" in caplog.text
+
+
+async def test_a_direct_url_gives_no_pooler_warning(
+        db_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="runlease.db.pooler"):
+        async with running_worker(db_url, agents.echo):
+            pass
+    assert "pooler" not in caplog.text
+
+
 async def test_prepared_statements_through_pgbouncer_work_or_fail_clearly(
         bouncer_url: str) -> None:
     # Two pools' connections share the bouncer's server connections: each
@@ -135,8 +157,9 @@ async def test_the_api_through_pgbouncer_submits_gets_and_streams(
             final = await client.get(run.id)
             assert (final.status, final.result) == ("done", {"steps": 6})
         # Tenant-scoped through the bouncer too.
+        assert {r.id for r in (await client.list()).items} == {r.id for r in runs}
         async with AsyncClient(api.url, api.token("globex")) as other:
-            assert [r.id for r in await other.list()] == []
+            assert (await other.list()).items == []
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ a client's next transaction to whichever server connection is free, so a
 statement prepared on one is missing on the next ("prepared statement
 _pg3_0 does not exist") or clashes with another client's of the same name
 ("... already exists"). A worker refuses to start in that setup with
-prepared statements on (`refuse_prepared_behind_pooler`), and a statement that
+prepared statements on (`check_behind_pooler`), and a statement that
 fails that way anyway says what to change (`PREPARED_HINT`).
 """
 
@@ -76,15 +76,25 @@ async def transaction_pooled(url: str) -> bool:
         await a.close()
 
 
-async def refuse_prepared_behind_pooler(url: str) -> None:
-    """A SettingsError when prepared statements are on and `url` is transaction
-    pooled; a probe that cannot reach the database decides nothing (the
-    statements' own errors then carry PREPARED_HINT)."""
+async def check_behind_pooler(url: str, *, prepared: bool, listen: bool) -> None:
+    """At a worker's start: with prepared statements on, a transaction-pooled
+    `url` is a SettingsError; with LISTEN on that URL (no separate listen URL),
+    a warning, since its NOTIFYs never arrive and claims fall back to polling.
+    A probe that cannot reach the database decides nothing (the statements'
+    own errors then carry PREPARED_HINT)."""
+    if not (prepared or listen):
+        return
     try:
         pooled = await transaction_pooled(url)
     except psycopg.Error as exc:
         log.warning("pooler_probe_failed error=%s", str(exc).strip())
         return
-    if pooled:
+    if not pooled:
+        return
+    if prepared:
         raise SettingsError(f"--prepared-statements (RUNLEASE_PREPARED_STATEMENTS): the "
                             f"database URL is transaction pooled: {PREPARED_HINT}")
+    log.warning("listen_through_pooler: the database URL is transaction pooled, where "
+                "LISTEN receives no NOTIFY; give --listen-database-url "
+                "(RUNLEASE_LISTEN_DATABASE_URL) a direct URL, or --no-listen: until then "
+                "claims wait for the poll interval")
