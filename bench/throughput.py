@@ -114,6 +114,15 @@ class WorkerProc:
             raise RuntimeError(f"worker {self.name} exited with code {self.proc.returncode}\n"
                                + self.log_tail())
 
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the process has used so far."""
+        assert self.proc is not None
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def kill9(self) -> None:
         """kill -9 of the worker process alone (its session is cleaned up later)."""
         assert self.proc is not None
@@ -200,7 +209,10 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
                 **through,
             }, log_dir).start())
         deadline = t0 + timeout_s
+        cpu_at_first: float | None = None
         while (left := scalar(poll, "SELECT count(*) FROM agent_runs WHERE status <> 'done'")):
+            if cpu_at_first is None and left < jobs:  # the drain began: startup is over
+                cpu_at_first = sum(p.cpu_s() for p in fleet)
             for p in fleet:
                 p.check_alive()
             if time.perf_counter() > deadline:
@@ -209,6 +221,7 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
                                    + "\n".join(p.log_tail() for p in fleet))
             time.sleep(POLL_S)
         wall_s = time.perf_counter() - t0
+        cpu_s = sum(p.cpu_s() for p in fleet) - (cpu_at_first or 0.0)
         drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
                                      "min(finished_at)) FROM agent_runs"))
         for p in fleet:  # graceful: SIGTERM drains (nothing left to run)
@@ -226,6 +239,10 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
         "drain_s": round(drain_s, 4),
         "drain_jobs_per_s": round(jobs / drain_s, 1) if drain_s > 0 else None,
         "startup_s": round(wall_s - drain_s, 4),
+        # The workers' own CPU (user + system) from the first ack seen to the
+        # last, per run: what the worker's Python costs, much less moved by
+        # the neighbours' load than the rates are.
+        "worker_cpu_ms_per_run": round(cpu_s * 1000 / jobs, 4),
         "host_loadavg_1m_before": round(load_before, 2),
         "worker_warnings": warnings[:20],
     }
@@ -320,23 +337,24 @@ def print_report(figures: dict[str, Any]) -> None:
         via = " via PgBouncer" if r["pgbouncer"] else ""
         rows.append([f"runlease{via} P={r['processes']} x c={r['concurrency']}",
                      r["jobs_per_s"], r["drain_jobs_per_s"], r["wall_s"], r["startup_s"],
-                     r["enqueue_runs_per_s"], r["host_loadavg_1m_before"]])
+                     r["enqueue_runs_per_s"], r["host_loadavg_1m_before"],
+                     r["worker_cpu_ms_per_run"]])
     raw = figures["raw_floor"]
     rows.append([f"raw SQL floor K={raw['claimers']} batch={raw['batch']}", "",
-                 raw["jobs_per_s"], "", "", "", raw["host_loadavg_1m_before"]])
+                 raw["jobs_per_s"], "", "", "", raw["host_loadavg_1m_before"], ""])
     for name in ("pgqueuer", "procrastinate"):
         p = figures[name]
         if p.get("status") != "ok":
-            rows.append([name, p["status"], "", "", "", "", ""])
+            rows.append([name, p["status"], "", "", "", "", "", ""])
             continue
         s = p["settings"]
         shape = (f"consumers={s['consumers']} batch={s['batch_size']}" if name == "pgqueuer"
                  else f"concurrency={s['concurrency']}")
         rows.append([f"{name} {p['version']} {shape}", "", p["jobs_per_s"], "",
                      p["startup_s"], round(jobs / p["enqueue_s"], 1) if p["enqueue_s"] else "",
-                     p["host_loadavg_1m_before"]])
+                     p["host_loadavg_1m_before"], ""])
     print_table(["queue", "wall jobs/s", "drain jobs/s", "wall s", "startup s",
-                 "enqueue runs/s", "load1"], rows)
+                 "enqueue runs/s", "load1", "worker CPU ms/run"], rows)
     r, t = figures["ratios"], figures["targets"]
     b = figures["best"]
     print(f"\nbest runlease: {b['jobs_per_s']:,.0f} jobs/s wall (P={b['processes']}), "
