@@ -405,6 +405,8 @@ def main() -> None:
                     help="one target's measurement")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
+    ap.add_argument("--soak", action="store_true",
+                    help="target 6: bench/soak.py --quick on the same server (+3 minutes)")
     args = ap.parse_args()
     RUNS[0] = args.runs
     sections: dict[str, Any] = {t.section: None for t in TARGETS}
@@ -423,6 +425,11 @@ def main() -> None:
     items.sort(key=lambda i: i["name"].split(".")[0].zfill(3))
     result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
               "date": time.strftime("%Y-%m-%d"), **sections, "targets": items}
+    if args.soak:  # target 6 (bench/soak.py), after the others: it loads the machine
+        import soak
+
+        result["soak"] = soak.measure(args.database_url, quick=True)
+        result["targets"] = soak.with_memory(result["targets"], result["soak"])
     if args.json:
         emit_json(result)
         return

@@ -22,6 +22,7 @@ from runlease.core import bounds
 from runlease.core.redact import DEFAULT_REDACTOR, Redactor
 from runlease.db.channels import EVENTS_CHANNEL, POOL_CHANNEL_PREFIX
 from runlease.db.models import Lease
+from runlease.db.pooler import PREPARED_HINT, prepared_failure
 from runlease.db.queries import sql
 from runlease.errors import DatabaseUnavailable, LeaseLost, RunleaseError
 
@@ -62,9 +63,12 @@ class Executor:
                     yield pooled
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no database connection available: {exc}") from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
         except psycopg.Error as exc:
+            if prepared_failure(exc):
+                raise RunleaseError(f"database error: {str(exc).strip()}: {PREPARED_HINT}") \
+                    from exc
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
             raise RunleaseError(f"database error: {str(exc).strip()}") from exc
 
     async def _rows(

@@ -29,6 +29,7 @@ from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
+from runlease.db.pooler import check_behind_pooler
 from runlease.db.store import Registration, Rendered, RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
@@ -110,6 +111,8 @@ class Worker:
             # and the fence all use what it said at start) and of the
             # variables its tools may see.
             row = await self._check_pool()
+            await check_behind_pooler(self.url, prepared=s.prepared_statements,
+                                      listen=s.listen and not s.listen_database_url)
             s = self.settings = s.with_pool_lease(row.lease_s)
             self.tool_grant = self.tool_grant | frozenset(row.tool_env)
         except BaseException:
@@ -284,7 +287,7 @@ class Worker:
         if lease.run.cancel_requested_at is not None or (
                 early is not None and self.clock.monotonic() - early < 30):
             handle.request_cancel()
-        task = asyncio.create_task(self._execute(handle), name=f"execute-{lease.run_id}")
+        task = asyncio.create_task(self._execute(handle), name="execute-" + handle.rid)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self.keeper.wakeup.set()  # its next wake-up may now be this run's fence
