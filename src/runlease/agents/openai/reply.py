@@ -60,8 +60,10 @@ class Reply:
             if isinstance(finish_reason, str):
                 self.finish_reason = finish_reason
         usage = getattr(chunk, "usage", None)
-        if usage is not None and hasattr(usage, "model_dump"):
+        if hasattr(usage, "model_dump"):
             self.usage = usage.model_dump(exclude_none=True)
+        elif isinstance(usage, dict):
+            self.usage = usage
         text = text.replace("\x00", "\ufffd")  # jsonb refuses NUL, and deltas are stored
         self.content.append(text)
         return text
