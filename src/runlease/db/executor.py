@@ -20,8 +20,9 @@ from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core import bounds
 from runlease.core.redact import DEFAULT_REDACTOR, Redactor
-from runlease.db.channels import POOL_CHANNEL_PREFIX
+from runlease.db.channels import EVENTS_CHANNEL, POOL_CHANNEL_PREFIX
 from runlease.db.models import Lease
+from runlease.db.pooler import PREPARED_HINT, prepared_failure
 from runlease.db.queries import sql
 from runlease.errors import DatabaseUnavailable, LeaseLost, RunleaseError
 
@@ -62,15 +63,21 @@ class Executor:
                     yield pooled
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no database connection available: {exc}") from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
         except psycopg.Error as exc:
+            if prepared_failure(exc):
+                raise RunleaseError(f"database error: {str(exc).strip()}: {PREPARED_HINT}") \
+                    from exc
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
             raise RunleaseError(f"database error: {str(exc).strip()}") from exc
 
     async def _rows(
         self, name: str, params: dict[str, Any], conn: Conn | None = None
     ) -> list[DictRow]:
         params.setdefault("now", self.clock.db_now())
+        # Every transition that writes an event or ends a run notifies its
+        # followers on this channel (a key a statement does not use is ignored).
+        params.setdefault("events_channel", EVENTS_CHANNEL)
         async with self.connection(conn) as c, c.cursor() as cur:
             await cur.execute(sql(name), params)
             return await cur.fetchall() if cur.description is not None else []
@@ -80,6 +87,7 @@ class Executor:
     ) -> list[tuple[Any, ...]]:
         """Like _rows, as plain tuples: for a hot path that builds its objects by position."""
         params.setdefault("now", self.clock.db_now())
+        params.setdefault("events_channel", EVENTS_CHANNEL)
         async with self.connection(conn) as c, c.cursor(row_factory=tuple_row) as cur:
             await cur.execute(sql(name), params)
             return await cur.fetchall()
