@@ -68,6 +68,7 @@ class StatsStore(Executor):
         pass); returns the deltas folded."""
         rows = await self._rows("counts_fold", {}, conn)
         await self._rows("counts_prune", {}, conn)
+        await self._rows("counts_touch", {}, conn)
         return int(rows[0]["deltas"])
 
     async def lease_expiries(self, pool: str, window_s: float, *,

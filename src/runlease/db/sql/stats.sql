@@ -94,6 +94,12 @@ SELECT (SELECT count(*) FROM moved) AS deltas, (SELECT count(*) FROM folded) AS 
 DELETE FROM agent_run_counts WHERE n = 0;
 
 
+-- name: counts_touch
+-- Read the deltas' pages once after a fold, so pruning the rows it deleted
+-- is paid here by the leader, not by the next reader of the counts.
+SELECT count(*) AS n FROM agent_run_count_deltas;
+
+
 -- name: pool_leases_by_holder
 -- Leased runs per holder, by the first part of locked_by (the pod UID).
 SELECT split_part(locked_by, ':', 1) AS holder, count(*) AS n
