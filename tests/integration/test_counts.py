@@ -159,3 +159,18 @@ async def test_counts_stay_exact_with_concurrent_writers(db_url: str) -> None:
             n = conn.execute("SELECT count(*) FROM agent_runs").fetchone()
         assert n is not None
         assert n[0] > 100
+
+
+async def test_a_large_fold_gives_the_emptied_pages_back(live_store: RunStore,
+                                                         db_url: str) -> None:
+    store = live_store
+    for _ in range(6):  # past the prepared-statement threshold as well
+        await store.enqueue_many("default", [NewRun("t", {}) for _ in range(5_200)])
+        for _ in range(6):
+            await store.claim("default", "w", 1_000)  # a delta per claimed run
+        assert await store.fold_counts() >= 5_000
+        await check(store, db_url, None)
+    with psycopg.connect(db_url) as conn:
+        pages = conn.execute("SELECT pg_relation_size('agent_run_count_deltas') / 8192"
+                             ).fetchone()
+    assert pages == (0,)

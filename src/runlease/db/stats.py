@@ -38,6 +38,10 @@ class QueueStats:
         return sum(self.dead_by_code.values())
 
 
+# Folds that moved this many deltas vacuum the deltas table after.
+VACUUM_AFTER = 5_000
+
+
 class StatsStore(Executor):
     """Counts by pool for autoscaling and gauges."""
 
@@ -68,8 +72,12 @@ class StatsStore(Executor):
         pass); returns the deltas folded."""
         rows = await self._rows("counts_fold", {}, conn)
         await self._rows("counts_prune", {}, conn)
-        await self._rows("counts_touch", {}, conn)
-        return int(rows[0]["deltas"])
+        deltas = int(rows[0]["deltas"])
+        # VACUUM cannot run in a transaction: only on a pooled (autocommit)
+        # connection of our own.
+        await self._rows("counts_vacuum" if deltas >= VACUUM_AFTER and conn is None
+                         else "counts_touch", {}, conn)
+        return deltas
 
     async def lease_expiries(self, pool: str, window_s: float, *,
                              conn: Conn | None = None) -> int:

@@ -100,6 +100,12 @@ DELETE FROM agent_run_counts WHERE n = 0;
 SELECT count(*) AS n FROM agent_run_count_deltas;
 
 
+-- name: counts_vacuum
+-- After a large fold: give the emptied pages back, so readers do not scan
+-- them until autovacuum comes (a small table: milliseconds).
+VACUUM (SKIP_LOCKED) agent_run_count_deltas;
+
+
 -- name: pool_leases_by_holder
 -- Leased runs per holder, by the first part of locked_by (the pod UID).
 SELECT split_part(locked_by, ':', 1) AS holder, count(*) AS n
