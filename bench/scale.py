@@ -58,7 +58,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.queries import sql
 from runlease.db.store import NewRun, RunStore
 
@@ -117,13 +117,13 @@ def claim_rate(url: str, pool: str, runs: int) -> dict[str, float]:
     """Enqueue `runs` for a fresh uncapped tenant, then claim 1 + ack until
     they are all done; claims/s overall and in the last tenth."""
     async def go() -> dict[str, float]:
-        async with make_pool(url, min_size=1, max_size=1) as conns:
-            store = RunStore(conns)
+        async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             tenant = f"fresh-{time.monotonic_ns()}"
             for i in range(0, runs, 1000):
                 await store.enqueue_many(pool, [NewRun(tenant, {"i": j})
                                                 for j in range(i, min(runs, i + 1000))])
-            async with conns.connection() as conn:
+            async with conn_pool.connection() as conn:
                 done = 0
                 t0 = time.perf_counter()
                 tail_at = runs - runs // 10
@@ -182,8 +182,8 @@ def stats_p99(url: str, pool: str, calls: int = 100) -> dict[str, float]:
     """p99 ms of what the operator reads each pass (queue_stats, then
     startable_runs), and of queue_stats alone."""
     async def go() -> dict[str, float]:
-        async with make_pool(url, min_size=1, max_size=1) as conns:
-            store = RunStore(conns)
+        async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             await store.fold_counts()  # as the reaper's leader does every pass
             both, alone = [], []
             for _ in range(calls):
@@ -414,6 +414,13 @@ def _stats(url: str, quick: bool) -> Measured:
     return {"details": t3, "targets": stats_targets(t3)}
 
 
+def _streams(url: str, quick: bool) -> Measured:
+    import scale_streams  # bench/scale_streams.py
+
+    t4 = scale_streams.measure(url, quick)
+    return {"details": t4, "targets": scale_streams.targets(t4)}
+
+
 RUNS: list[int | None] = [None]  # --runs, for target 1
 
 TARGETS: list[Target] = [
@@ -421,11 +428,11 @@ TARGETS: list[Target] = [
     Target("2", "leases", _leases),
     # Over target 1's backlog (after it), or one of its own.
     Target("3", "stats", _stats),
-    # Targets 4-7: Target("4", "streams", external("scale_streams:measure")), ...
+    Target("4", "streams", _streams),
+    # Targets 5-7: Target("5", "drain", external("module:function")), ...
 ]
 
 NOT_MEASURED = {
-    "4": "4. streams by the thousand (not measured here yet)",
     "5": "5. faster drain (bench/throughput.py)",
     "6": "6. memory (bench/soak.py)",
     "7": "7. behind PgBouncer",
@@ -441,6 +448,8 @@ def main() -> None:
                     help="one target's measurement")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
+    ap.add_argument("--soak", action="store_true",
+                    help="target 6: bench/soak.py --quick on the same server (+3 minutes)")
     args = ap.parse_args()
     RUNS[0] = args.runs
     sections: dict[str, Any] = {t.section: None for t in TARGETS}
@@ -457,6 +466,11 @@ def main() -> None:
     items.sort(key=lambda i: i["name"].split(".")[0].zfill(3))
     result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
               "date": time.strftime("%Y-%m-%d"), **sections, "targets": items}
+    if args.soak:  # target 6 (bench/soak.py), after the others: it loads the machine
+        import soak
+
+        result["soak"] = soak.measure(args.database_url, quick=True)
+        result["targets"] = soak.with_memory(result["targets"], result["soak"])
     if args.json:
         emit_json(result)
         return

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from runlease.clock import ManualClock
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.models import Pool
 from runlease.db.store import NewRun, RunStore
 from runlease.errors import LeaseLost, RunleaseError
@@ -111,8 +111,8 @@ async def test_startable_runs_come_from_the_counts(store: RunStore, clock: Manua
 
 async def test_counts_stay_exact_with_concurrent_writers(db_url: str) -> None:
     rng = random.Random(16)
-    async with make_pool(db_url, min_size=6, max_size=6) as pool:
-        store = RunStore(pool)
+    async with make_conn_pool(db_url, min_size=6, max_size=6) as conn_pool:
+        store = RunStore(conn_pool)
         stop = asyncio.Event()
 
         async def writer(k: int) -> None:

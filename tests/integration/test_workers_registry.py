@@ -68,7 +68,7 @@ async def test_the_heartbeat_renews_the_row_in_the_same_statement(
     leases = await store.claim("default", reg.worker, 3)
     clock.advance(10)
     sent: list[str] = []
-    counting = CountingStore(store.pool, clock=clock, sent=sent)
+    counting = CountingStore(store.conn_pool, clock=clock, sent=sent)
     result = await counting.heartbeat(reg.worker, [(x.run_id, x.epoch) for x in leases[:2]],
                                       lease_s=30, registry=reg)
     assert len(result.held) == 2

@@ -157,8 +157,8 @@ SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
 -- Finish runs successfully, one or many in one statement. The arrays are
 -- parallel; array_position pairs each row with its epoch and result without
 -- a join, so the plan is one primary-key scan. A finished run frees a slot
--- of its tenant: in a pool with tenant limits, NOTIFY the pool so a claimer
--- waiting on a capped tenant claims its next run now, not at its next poll.
+-- of its tenant: runlease_notify_freed wakes the claimers of a pool with
+-- tenant limits.
 WITH upd AS (
     UPDATE agent_runs r
        SET status = 'done', locked_by = NULL, locked_until = NULL,
@@ -173,15 +173,15 @@ WITH upd AS (
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
        AND r.locked_until > coalesce(%(now)s::timestamptz, now())
-    RETURNING r.id, r.pool
+    RETURNING r.id, r.pool, r.event_seq
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id FROM upd CROSS JOIN notify;
+SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_nack
@@ -229,14 +229,13 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify;
+SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_fail
@@ -263,14 +262,13 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts FROM upd CROSS JOIN notify;
+SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_release
@@ -303,8 +301,12 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_request_cancel
@@ -332,8 +334,12 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_finalize_cancel
@@ -358,16 +364,15 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
-  FROM upd, clock CROSS JOIN notify;
+  FROM upd, clock CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_reap
@@ -444,8 +449,13 @@ WITH RECURSIVE clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd) p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.pool, upd.tenant_id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.pool, upd.tenant_id, upd.status
+  FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_lease_sweep
@@ -481,8 +491,12 @@ WITH clock AS (
     SELECT upd.id, upd.event_seq, 'run.redriven', '{}'::jsonb, clock.ts FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.* FROM upd CROSS JOIN notify;
+SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_get
