@@ -263,7 +263,8 @@ def target2(url: str, quick: bool) -> dict[str, Any]:
     live = 20_000 if quick else 100_000
     db = fresh_database(url, "scale_leases")
     out: dict[str, Any] = {"live_leases": live, "workers": WORKERS}
-    reap = {"batch": 1000, "now": None, "channel_prefix": "bench_", "ids": []}
+    reap = {"batch": 1000, "now": None, "channel_prefix": "bench_", "ids": [],
+            "events_channel": "bench_events"}
     retention = {"batch": 1000, "now": None}
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("INSERT INTO agent_run_pools (name, retention_s) VALUES ('work', 3600)")
