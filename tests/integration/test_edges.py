@@ -34,8 +34,8 @@ async def _force_reap(db_url: str, run_id: UUID) -> None:
         # The worker lives (its registry row is fresh): the run is named, as
         # the reaper's sweep would name it.
         await conn.execute(sql("run_reap"), {"batch": 10, "channel_prefix": "runlease_pool_",
-                                             "now": None, "ids": [run_id],
-                                             "events_channel": EVENTS_CHANNEL})
+                                             "events_channel": EVENTS_CHANNEL,
+                                             "now": None, "ids": [run_id]})
         await conn.commit()
 
 
