@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
 from throughput import WorkerProc, terminate_as_interrupt
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.embedded import free_port
 from runlease.db.store import NewRun, RunStore
 
@@ -119,7 +119,7 @@ def api_ready(port: int) -> bool:
 
 def enqueue(url: str, runs: int, seconds: float) -> list[UUID]:
     async def go() -> list[UUID]:
-        async with make_pool(url, max_size=1) as pool:
+        async with make_conn_pool(url, max_size=1) as pool:
             store = RunStore(pool)
             ids: list[UUID] = []
             for start in range(0, runs, 500):

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from runlease.client import AsyncClient, RunEnded, StreamEvent
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.pooler import transaction_pooled
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError, SettingsError
@@ -66,7 +66,7 @@ async def test_a_worker_through_pgbouncer_completes_runs(
     settings: dict[str, Any] = (
         {"listen_database_url": db_url, "poll_interval_s": 120} if listen
         else {"listen": False, "poll_interval_s": 0.2})
-    async with make_pool(bouncer_url, max_size=4, prepare=False) as pool:
+    async with make_conn_pool(bouncer_url, max_size=4, prepare=False) as pool:
         store = RunStore(pool)
         async with running_worker(bouncer_url, agents.echo, concurrency=4,
                                   prepared_statements=False, **settings) as worker:
@@ -76,7 +76,7 @@ async def test_a_worker_through_pgbouncer_completes_runs(
             await all_done(store, ids)
             database = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
             assert worker_clients(pgbouncer, str(database)) >= 1  # it did go through
-    async with make_pool(db_url, max_size=2) as direct:
+    async with make_conn_pool(db_url, max_size=2) as direct:
         for run_id in ids:
             run = await RunStore(direct).get(run_id)
             assert (run.status, run.attempts) == ("done", 1)
@@ -99,7 +99,7 @@ async def test_a_worker_with_prepared_statements_behind_pgbouncer_refuses_to_sta
 
 async def test_a_worker_listening_through_pgbouncer_warns_and_still_polls(
         bouncer_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    async with make_pool(bouncer_url, max_size=2, prepare=False) as pool:
+    async with make_conn_pool(bouncer_url, max_size=2, prepare=False) as pool:
         store = RunStore(pool)
         with caplog.at_level(logging.WARNING, logger="runlease.db.pooler"):
             async with running_worker(bouncer_url, agents.echo, prepared_statements=False,
@@ -123,8 +123,8 @@ async def test_prepared_statements_through_pgbouncer_work_or_fail_clearly(
     # Two pools' connections share the bouncer's server connections: each
     # prepares psycopg's _pg3_0, _pg3_1... after 5 runs of a statement.
     failures: list[RunleaseError] = []
-    async with make_pool(bouncer_url, max_size=3, prepare=True) as one, \
-            make_pool(bouncer_url, max_size=3, prepare=True) as two:
+    async with make_conn_pool(bouncer_url, max_size=3, prepare=True) as one, \
+            make_conn_pool(bouncer_url, max_size=3, prepare=True) as two:
         async def submit(store: RunStore, n: int) -> None:
             for i in range(n):
                 try:

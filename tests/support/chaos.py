@@ -76,7 +76,7 @@ class ChaosConfig:
     long_tool_every: int = 4
     followers: int = 4  # runs followed by client.events() through the chaos
     # A burst of this many requests at once goes out just before each stop
-    # (the API's pool then holds that many connections to lose) and just
+    # (the API's connection pool then holds that many to lose) and just
     # after the server accepts connections again.
     burst: int = 12
     # The submitter and the prober wait while the database is down, as an API
@@ -339,7 +339,7 @@ class Chaos:
 
     def _burst(self, api_url: str) -> None:
         """Requests at once, each on its own connection to the API, so the
-        API's pool holds (or is asked for) that many database connections."""
+        API's connection pool holds (or is asked for) that many connections."""
         def one(_: int) -> None:
             with Client(api_url, TOKENS["acme"], timeout_s=30) as client:
                 t0 = time.monotonic()

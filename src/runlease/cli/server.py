@@ -1,5 +1,5 @@
 """The `runlease` command and its server commands: dev, migrate, worker, api,
-operator (the client commands are in cli/client.py)."""
+operator (the client commands are in cli/runs.py, dead.py and pools.py)."""
 
 from __future__ import annotations
 

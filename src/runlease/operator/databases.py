@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from psycopg.conninfo import conninfo_to_dict
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.store import RunStore
 from runlease.operator.k8s import Kubernetes
 from runlease.operator.spec import PoolSpec
@@ -55,10 +55,10 @@ class Databases:
         found = self._by_url.get(url)
         if found is not None:
             return found
-        pool = make_pool(url, min_size=1, max_size=5, application_name="runlease-operator",
-                         prepare=prepare)
-        await pool.open(wait=False)
-        store = RunStore(pool)
+        conn_pool = make_conn_pool(url, min_size=1, max_size=5,
+                                   application_name="runlease-operator", prepare=prepare)
+        await conn_pool.open(wait=False)
+        store = RunStore(conn_pool)
         s = self.settings
         elector = reaper = None
         if s.reaper:
@@ -108,7 +108,7 @@ class Databases:
             for service in (db.reaper, db.elector):
                 if service is not None:
                     await service.stop(2)
-            await db.store.pool.close()
+            await db.store.conn_pool.close()
         self._by_url.clear()
 
 
