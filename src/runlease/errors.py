@@ -31,6 +31,31 @@ class UnknownPool(ValidationError):
         self.pool = pool
 
 
+class ItemError:
+    """Why one item of a batch was refused: its index, a code, the field."""
+
+    __slots__ = ("code", "field", "index", "message")
+
+    def __init__(self, index: int, code: str, field: str | None, message: str) -> None:
+        self.index, self.code, self.field, self.message = index, code, field, message
+
+    def as_dict(self) -> dict[str, object]:
+        return {"index": self.index, "code": self.code, "field": self.field,
+                "message": self.message}
+
+
+class BatchRefused(ValidationError):
+    """A batch was refused as a whole (nothing written); `errors` says why,
+    item by item. `field` and `message` are those of the first."""
+
+    def __init__(self, errors: list[ItemError]) -> None:
+        first = errors[0]
+        super().__init__(f"runs[{first.index}]" + (f".{first.field}" if first.field else ""),
+                         f"{first.message} ({len(errors)} item(s) refused; nothing was "
+                         "submitted)")
+        self.errors = errors
+
+
 class IdempotencyConflict(RunleaseError):
     """An idempotency key was reused with a different input."""
 

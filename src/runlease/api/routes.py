@@ -26,10 +26,18 @@ from runlease.api.schemas import (
     RunCreate,
     RunOut,
     RunPage,
-    Status,
     StepOut,
     StepPage,
     StreamToken,
+)
+from runlease.api.search import (
+    KeyQ,
+    LabelQ,
+    PoolQ,
+    StatusQ,
+    TenantQ,
+    TimeQ,
+    run_filter,
 )
 from runlease.core import bounds
 from runlease.core.states import RunStatus
@@ -79,7 +87,8 @@ async def submit(
         body.pool, tenant_for(body, who), body.input, priority=body.priority,
         max_attempts=body.max_attempts,
         budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key, labels=body.labels, run_at=body.run_at,
+        delay_s=body.delay_s,
     )
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
@@ -90,12 +99,20 @@ async def submit(
 
 
 @router.get("/runs", response_model=RunPage)
-async def list_runs(who: Who, store: Store, status: Status | None = None,
-                    pool: PoolName = None, limit: Limit = 50,
+async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ = None,
+                    label: LabelQ = None, created_after: TimeQ = None,
+                    created_before: TimeQ = None, finished_after: TimeQ = None,
+                    finished_before: TimeQ = None, idempotency_key: KeyQ = None,
+                    tenant: TenantQ = None, limit: Limit = 50,
                     cursor: UUID | None = None) -> RunPage:
-    """Runs, newest first; pass `next_cursor` back as `cursor` for the next page."""
-    runs = await store.list_runs(tenant_id=who.scope, pool=pool, status=status, limit=limit,
-                                 before=cursor)
+    """Runs, newest first, filtered (every filter given must match); pass
+    `next_cursor` back as `cursor` for the next page (stable while runs are
+    added: new runs never shift a page)."""
+    f = run_filter(who, status=status, pool=pool, label=label, created_after=created_after,
+                   created_before=created_before, finished_after=finished_after,
+                   finished_before=finished_before, idempotency_key=idempotency_key,
+                   tenant=tenant)
+    runs = await store.search(f, limit=limit, before=cursor)
     return page(runs, limit, admin=who.admin)
 
 
