@@ -70,7 +70,7 @@ class RunCreate(Strict):
         None, description="Not before this time (RFC 3339 with its offset; at most a year "
                           "ahead; a past time means now). Not with `delay_s`.",
         examples=["2026-12-01T09:00:00Z"])
-    delay_s: StrictInt | StrictFloat | None = Field(
+    delay_s: StrictFloat | None = Field(
         None, ge=0, le=run_options.MAX_DELAY_S,
         description="Not before this many seconds from now. Not with `run_at`.",
         examples=[300])
