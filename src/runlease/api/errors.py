@@ -60,6 +60,8 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     loc = [str(p) for p in raw if p not in ("body", "query", "path", "header")
            and not (raw[:1] == ("query",) and isinstance(p, int))]
     field = "body" if first.get("type") == "json_invalid" or not loc else ".".join(loc)
+    if raw[:2] == ("body", "runs") and len(raw) > 2 and isinstance(raw[2], int):
+        field = f"runs[{raw[2]}]" + "".join(f".{p}" for p in raw[3:])  # as the store names it
     items = _batch_items(errors)
     response = error_response(422, "invalid_request", f"{field}: {first.get('msg', 'invalid')}",
                               field)

@@ -3,6 +3,7 @@ client commands (client.py), under one group."""
 
 from __future__ import annotations
 
+from runlease.cli import run_commands
 from runlease.cli.client import dead, pools, runs
 from runlease.cli.server import api, main, operator, run, worker
 
@@ -10,4 +11,4 @@ main.add_command(runs)
 main.add_command(dead)
 main.add_command(pools)
 
-__all__ = ["api", "main", "operator", "run", "worker"]
+__all__ = ["api", "main", "operator", "run", "run_commands", "worker"]
