@@ -46,7 +46,9 @@ class BatchItemError(BaseModel):
 
 
 class BatchErrorBody(ErrorBody):
-    errors: list[BatchItemError]
+    errors: list[BatchItemError] = Field(
+        default_factory=list, description="Each refused item, by index (absent when the "
+                                          "body as a whole is malformed).")
 
 
 class RunBatchOut(BaseModel):
