@@ -189,3 +189,26 @@ async def test_sdk_submit_many_sync_and_async(api: Api) -> None:
     repeated = await asyncio.to_thread(again)
     assert [r.id for r in repeated] == [r.id for r in made]
     assert not any(r.created for r in repeated)
+
+
+async def test_a_submit_wakes_the_pool_after_its_commit(api: Api, db_url: str) -> None:
+    """The API enqueues without a NOTIFY in the transaction and wakes the pool
+    after the commit (api/wakeups.py); a listener hears it, and finds the run."""
+    conn = await psycopg.AsyncConnection.connect(db_url, autocommit=True)
+    try:
+        await conn.execute("LISTEN runlease_pool_default")
+        async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme:
+            for path, body in (("/v1/runs", {"input": {}}),
+                               ("/v1/runs/batch", {"runs": [{"input": {}}, {"input": {}}]})):
+                r = await acme.post(path, json=body)
+                assert r.status_code == 201
+                note = await asyncio.wait_for(anext(conn.notifies()), 10)
+                assert note.payload == "default"
+                got = await conn.execute("SELECT count(*) FROM agent_runs")
+                assert (await got.fetchone()) in ((1,), (3,))
+            # A run for later wakes nobody.
+            r = await acme.post("/v1/runs", json={"input": {}, "delay_s": 600})
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(conn.notifies()), 1)
+    finally:
+        await conn.close()

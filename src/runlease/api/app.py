@@ -24,6 +24,7 @@ from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
+from runlease.api.wakeups import PoolWaker
 from runlease.db.channels import EVENTS_CHANNEL
 from runlease.db.connect import make_pool
 from runlease.db.store import RunStore
@@ -154,9 +155,10 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = make_pool(url, min_size=1, max_size=20, prepare=settings.prepared_statements,
-                         application_name="runlease-api")
+                         application_name="runlease-api", generic_plans=True)
         await pool.open(wait=False)
         state.store = RunStore(pool, max_input_bytes=settings.max_input_bytes)
+        state.waker = PoolWaker(state.store)
         state.hub = FeedHub(state.store, poll_s=settings.sse_poll_s,
                             keepalive_s=settings.sse_keepalive_s,
                             max_per_tenant=settings.sse_max_streams_per_tenant)
@@ -173,6 +175,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
             yield
         finally:
             await listener.stop(2)
+            await state.waker.close()
             await pool.close()
 
     app = FastAPI(

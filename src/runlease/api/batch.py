@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
 
 from runlease import metrics
-from runlease.api.deps import JsonBody, Store, Who
+from runlease.api.deps import JsonBody, Store, Waker, Who
 from runlease.api.errors import invalid
 from runlease.api.schemas import ErrorBody, RunCreate, RunOut
 from runlease.core import bounds
@@ -66,8 +66,7 @@ class RunBatchOut(BaseModel):
                      "description": "Refused as a whole, nothing submitted: `errors` names "
                                     "each refused item by index."}},
 )
-async def submit_batch(body: RunBatchIn, who: Who, store: Store,
-                       response: Response) -> RunBatchOut:
+async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -> Response:
     """Enqueue up to 1,000 runs in one statement, all or nothing. Each item is a
     single submit's body (plus its `idempotency_key`) under the same rules."""
     runs = []
@@ -83,11 +82,14 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store,
             tenant, item.input, item.priority, item.max_attempts,
             None if item.budget is None else item.budget.model_dump(exclude_none=True),
             item.idempotency_key, item.labels, item.run_at, item.delay_s, item.pool))
-    results = await store.enqueue_many(body.runs[0].pool, runs)
+    results = await store.enqueue_many(body.runs[0].pool, runs, notify=False)
     for r in results:
         if r.inserted:
             metrics.RUNS_SUBMITTED.labels(r.run.pool).inc()
-    if not any(r.inserted for r in results):
-        response.status_code = 200
-    return RunBatchOut(runs=[RunOut.of(r.run, admin=who.admin) for r in results],
-                       created=[r.inserted for r in results])
+    waker.wake({r.run.pool for r in results
+                if r.inserted and r.run.available_at <= r.run.created_at})
+    out = RunBatchOut.model_construct(runs=[RunOut.of(r.run, admin=who.admin) for r in results],
+                                      created=[r.inserted for r in results])
+    # Serialized here, once: returned as a model, it would be validated again.
+    return Response(out.model_dump_json(), media_type="application/json",
+                    status_code=201 if any(r.inserted for r in results) else 200)

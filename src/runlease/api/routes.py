@@ -15,7 +15,7 @@ from starlette.background import BackgroundTask
 
 from runlease import metrics
 from runlease.api.auth import Principal
-from runlease.api.deps import Admin, JsonBody, Store, Who, api_state, bearer
+from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state, bearer
 from runlease.api.errors import ApiError, invalid, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
 from runlease.api.schemas import (
@@ -78,24 +78,26 @@ def tenant_for(body: RunCreate, who: Principal) -> str:
                      "description": "No `Content-Type: application/json`."}},
 )
 async def submit(
-    body: RunCreate, who: Who, store: Store, response: Response,
+    body: RunCreate, who: Who, store: Store, waker: Waker,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                   max_length=255)] = None,
-) -> RunOut:
+) -> Response:
     """Enqueue a run. The same Idempotency-Key again returns the same run (200)."""
     result = await store.enqueue(
         body.pool, tenant_for(body, who), body.input, priority=body.priority,
         max_attempts=body.max_attempts,
         budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
         idempotency_key=idempotency_key, labels=body.labels, run_at=body.run_at,
-        delay_s=body.delay_s,
+        delay_s=body.delay_s, notify=False,
     )
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
-    else:
-        response.status_code = 200
-    response.headers["Location"] = f"/v1/runs/{result.run.id}"
-    return RunOut.of(result.run, admin=who.admin)
+        if result.run.status == "pending" and result.run.available_at <= result.run.created_at:
+            waker.wake((body.pool,))
+    # Serialized here, once: returned as a model, it would be validated again.
+    return Response(RunOut.of(result.run, admin=who.admin).model_dump_json(),
+                    status_code=201 if result.inserted else 200, media_type="application/json",
+                    headers={"Location": f"/v1/runs/{result.run.id}"})
 
 
 @router.get("/runs", response_model=RunPage)

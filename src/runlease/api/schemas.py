@@ -121,7 +121,9 @@ class RunOut(BaseModel):
         if admin and run.locked_by is not None and run.locked_until is not None:
             lease = LeaseInfo(locked_by=run.locked_by, locked_until=run.locked_until,
                               lease_epoch=run.lease_epoch)
-        return cls(
+        # Typed rows from the store: nothing to validate (a page or a batch
+        # of a thousand runs would pay for it per field).
+        return cls.model_construct(
             id=run.id, pool=run.pool, tenant_id=run.tenant_id, status=run.status.value,
             priority=run.priority, attempts=run.attempts, max_attempts=run.max_attempts,
             input=run.input_json, budget=run.budget_json, result=run.result_json,

@@ -3,6 +3,7 @@ reap and retention (statements in sql/runs.sql)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -107,15 +108,17 @@ class QueueStore(Executor):
         labels: Mapping[str, str] | None = None,
         run_at: datetime | None = None,
         delay_s: float | None = None,
+        notify: bool = True,
         conn: Conn | None = None,
     ) -> EnqueueResult:
         run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key,
                      labels, run_at, delay_s)
-        (result,) = await self.enqueue_many(pool, [run], conn=conn)
+        (result,) = await self.enqueue_many(pool, [run], notify=notify, conn=conn)
         return result
 
     async def enqueue_many(
-        self, pool: str, runs: Sequence[NewRun], *, conn: Conn | None = None
+        self, pool: str, runs: Sequence[NewRun], *, notify: bool = True,
+        conn: Conn | None = None
     ) -> list[EnqueueResult]:
         """Enqueue a batch in one INSERT; results in the order given.
 
@@ -124,11 +127,15 @@ class QueueStore(Executor):
         writes none of the batch. A batch of several raises BatchRefused,
         which names every refused item by index; a single run raises the
         item's own error (UnknownPool, ValidationError, IdempotencyConflict).
+        `notify` False leaves waking the pools' claimers to the caller, after
+        the commit (see api/wakeups.py): a NOTIFY inside the transaction
+        serializes all notifying commits on the server.
         """
         bounds.check_pool(pool)
         if not runs:
             return []
         params, errors = self._enqueue_params(pool, runs)
+        params["notify"] = notify
         if errors:
             raise errors[0][1] if len(runs) == 1 else BatchRefused([
                 ItemError(i, "invalid_request", e.field, e.message) for i, e in errors])
@@ -142,26 +149,29 @@ class QueueStore(Executor):
 
     def _enqueue_params(self, pool: str, runs: Sequence[NewRun]
                         ) -> tuple[dict[str, Any], list[tuple[int, ValidationError]]]:
+        """The statement's parameters: the runs as one JSON array (values
+        validated, texts spliced in as checked), and what was refused."""
         cols: dict[str, list[Any]] = {k: [] for k in (
-            "ids", "pools", "tenants", "priorities", "max_attempts", "budgets", "inputs", "keys",
-            "labels", "run_ats", "delays")}
+            "ids", "pools", "tenants", "priorities", "keys")}
+        docs: list[str] = []
         errors: list[tuple[int, ValidationError]] = []
         seen_keys: set[tuple[str, str, str]] = set()
         now = datetime.now(UTC) if (db_now := self.clock.db_now()) is None else db_now
+        dumps = json.dumps
         for i, run in enumerate(runs):
             where = f"runs[{i}]." if len(runs) > 1 else ""
             try:
                 run_pool = pool if run.pool is None else bounds.check_pool(run.pool)
                 tenant = bounds.check_tenant(run.tenant_id)
-                row = (
-                    uuid7(), run_pool, tenant, bounds.check_priority(run.priority),
-                    None if run.max_attempts is None
-                    else bounds.check_max_attempts(run.max_attempts),
-                    bounds.json_text("budget", bounds.Budget.parse(run.budget).to_json(),
-                                     self.max_input_bytes),
-                    bounds.check_object("input", run.input, self.max_input_bytes),
-                    run.idempotency_key, run_options.check_labels(run.labels),
-                    *run_options.check_start(run.run_at, run.delay_s, now))
+                priority = bounds.check_priority(run.priority)
+                attempts = (None if run.max_attempts is None
+                            else bounds.check_max_attempts(run.max_attempts))
+                budget = (bounds.json_text("budget", bounds.Budget.parse(run.budget).to_json(),
+                                           self.max_input_bytes)
+                          if run.budget is not None else "{}")
+                input_text = bounds.check_object("input", run.input, self.max_input_bytes)
+                labels = run_options.check_labels(run.labels)
+                run_at, delay_s = run_options.check_start(run.run_at, run.delay_s, now)
                 key = run.idempotency_key
                 if key is not None:
                     bounds.check_idempotency_key(key)
@@ -172,9 +182,20 @@ class QueueStore(Executor):
                 errors.append((i, ValidationError(where + exc.field, exc.message)
                                if len(runs) == 1 else exc))
                 continue
-            for column, value in zip(cols.values(), row, strict=True):
+            run_id = uuid7()
+            docs.append(
+                f'{{"ord":{i},"id":"{run_id}","pool":{dumps(run_pool)},'
+                f'"tenant_id":{dumps(tenant)},"priority":{priority},'
+                f'"max_attempts":{dumps(attempts)},"budget_json":{budget},'
+                f'"input_json":{input_text},"idempotency_key":{dumps(key)},'
+                f'"labels":{labels or "null"},'
+                f'"run_at":{dumps(None if run_at is None else run_at.isoformat())},'
+                f'"delay_s":{dumps(delay_s)}}}')
+            for column, value in zip(cols.values(), (run_id, run_pool, tenant, priority, key),
+                                     strict=True):
                 column.append(value)
-        return {**cols, "channel_prefix": POOL_CHANNEL_PREFIX}, errors
+        return {**cols, "runs": "[" + ",".join(docs) + "]",
+                "channel_prefix": POOL_CHANNEL_PREFIX}, errors
 
     async def _results(self, runs: Sequence[NewRun], params: dict[str, Any],
                        rows: list[Any], c: Conn | None) -> list[EnqueueResult]:

@@ -16,7 +16,7 @@
 
 -- name: run_enqueue
 -- One run or a batch (of one or many pools), as one multi-row INSERT from
--- parallel arrays.
+-- one JSON array of runs (one parameter: cheaper to send than parallel arrays).
 -- Fairness: a tenant's runs join the pool's fair order at max(the order's
 -- head, the end of the tenant's own pending line), whatever their priority,
 -- so a tenant with 10 runs is interleaved with one that has 10,000 instead of
@@ -34,13 +34,10 @@ WITH clock AS (
     SELECT i.*,
            greatest(coalesce(i.run_at, clock.ts + make_interval(secs => i.delay_s), clock.ts),
                     clock.ts) AS due
-      FROM unnest(%(ids)s::uuid[], %(pools)s::text[], %(tenants)s::text[],
-                  %(priorities)s::integer[], %(max_attempts)s::integer[], %(budgets)s::jsonb[],
-                  %(inputs)s::jsonb[], %(keys)s::text[], %(labels)s::jsonb[],
-                  %(run_ats)s::timestamptz[], %(delays)s::float8[])
-           WITH ORDINALITY
-           AS i (id, pool, tenant_id, priority, max_attempts, budget_json, input_json,
-                 idempotency_key, labels, run_at, delay_s, ord),
+      FROM jsonb_to_recordset(%(runs)s::jsonb)
+           AS i (ord integer, id uuid, pool text, tenant_id text, priority integer,
+                 max_attempts integer, budget_json jsonb, input_json jsonb,
+                 idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8),
            clock
 ), lanes AS (
     SELECT l.pool, l.tenant_id,
@@ -90,8 +87,11 @@ WITH clock AS (
      WHERE ins.inserted
 ), notify AS (
     -- Runs for later wake nobody: the claim that promotes them finds them.
+    -- notify false: the caller wakes the pool after the commit instead (a
+    -- NOTIFY in the transaction serializes every notifying commit).
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
-      FROM (SELECT DISTINCT ins.pool FROM ins WHERE ins.inserted AND NOT ins.delayed) p
+      FROM (SELECT DISTINCT ins.pool FROM ins
+             WHERE ins.inserted AND NOT ins.delayed AND %(notify)s::boolean) p
 )
 SELECT ins.* FROM ins CROSS JOIN notify;
 
