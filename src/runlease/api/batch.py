@@ -60,7 +60,10 @@ class RunBatchOut(BaseModel):
 
 @router.post(
     "/runs/batch", status_code=201, response_model=RunBatchOut, dependencies=[JsonBody],
-    responses={413: {"model": ErrorBody, "description": "Body over max_batch_request_bytes."},
+    responses={200: {"model": RunBatchOut,
+                     "description": "Nothing new: every item's idempotency key named an "
+                                    "existing run."},
+               413: {"model": ErrorBody, "description": "Body over max_batch_request_bytes."},
                415: {"model": ErrorBody, "description": "No `Content-Type: application/json`."},
                422: {"model": BatchErrorBody,
                      "description": "Refused as a whole, nothing submitted: `errors` names "
