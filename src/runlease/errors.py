@@ -67,6 +67,19 @@ class IdempotencyConflict(RunleaseError):
         self.key = key
 
 
+class BatchConflict(BatchRefused, IdempotencyConflict):
+    """A batch refused only for keys that name runs with other inputs: an
+    IdempotencyConflict (that of the first such item) for callers that catch
+    one, a BatchRefused naming every item for those that want them all."""
+
+    def __init__(self, errors: list[ItemError], first: IdempotencyConflict) -> None:
+        probe = BatchRefused(errors)  # its field and message; the MRO would call
+        RunleaseError.__init__(self, str(probe))  # IdempotencyConflict's own init
+        self.field, self.message, self.errors = probe.field, probe.message, errors
+        self.run_id = first.run_id
+        self.key = first.key
+
+
 class RunNotFound(RunleaseError, LookupError):
     def __init__(self, run_id: UUID) -> None:
         super().__init__(f"run {run_id} not found")

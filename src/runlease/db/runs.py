@@ -18,6 +18,7 @@ from runlease.db.executor import Conn, Executor
 from runlease.db.models import EnqueueResult, ReapResult, Run
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.errors import (
+    BatchConflict,
     BatchRefused,
     IdempotencyConflict,
     InvalidTransition,
@@ -203,6 +204,7 @@ class QueueStore(Executor):
         by_id = {r["id"]: r for r in rows}
         results: list[EnqueueResult] = []
         refused: list[ItemError] = []
+        conflicts: list[IdempotencyConflict] = []
         explain = _Explainer(self, c)
         for i, (run_id, pool, tenant, key, priority) in enumerate(zip(
                 params["ids"], params["pools"], params["tenants"], params["keys"],
@@ -217,14 +219,17 @@ class QueueStore(Executor):
             if len(runs) == 1:
                 raise exc  # rolls back
             if isinstance(exc, IdempotencyConflict):
+                conflicts.append(exc)
                 refused.append(ItemError(i, "idempotency_conflict", "idempotency_key",
                                          str(exc)))
             else:
                 assert isinstance(exc, ValidationError)
                 code = "unknown_pool" if isinstance(exc, UnknownPool) else "invalid_request"
                 refused.append(ItemError(i, code, exc.field, exc.message))
-        if refused:
-            raise BatchRefused(refused)  # rolls the batch back
+        if refused:  # rolls the batch back
+            if conflicts and len(conflicts) == len(refused):
+                raise BatchConflict(refused, conflicts[0])
+            raise BatchRefused(refused)
         return results
 
 
