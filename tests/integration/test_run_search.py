@@ -220,6 +220,7 @@ AT = datetime.now(UTC) - timedelta(seconds=N_RUNS // 2)
 FILTERS = {
     "tenant": RunFilter(tenant_id=T),
     "status": RunFilter(tenant_id=T, statuses=(RunStatus.PENDING, RunStatus.LEASED)),
+    "dead": RunFilter(tenant_id=T, statuses=(RunStatus.DEAD,)),
     "pool": RunFilter(tenant_id=T, pool="default"),
     "label": RunFilter(tenant_id=T, labels=(("team", "team-7"),)),
     "labels": RunFilter(tenant_id=T, labels=(("team", "team-7"), ("case", "107"))),
