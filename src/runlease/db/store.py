@@ -11,6 +11,7 @@ each concern, each beside its statements in `sql/`:
     pools.py      pools and per-tenant settings (pools.sql)
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
+    workers.py    the workers registry          (workers.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -28,6 +29,7 @@ from runlease.db.pools import PoolStore
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
+from runlease.db.workers import Registration, WorkerRow, WorkerStore
 
 __all__ = [
     "MAX_BATCH",
@@ -36,13 +38,15 @@ __all__ = [
     "Conn",
     "NewRun",
     "QueueStats",
+    "Registration",
     "Rendered",
     "RunFilter",
     "RunStore",
+    "WorkerRow",
     "stale_writes",
 ]
 
 
 class RunStore(QueueStore, SearchStore, LeaseStore, EventStore, PoolStore, LeaderStore,
-               StatsStore):
+               StatsStore, WorkerStore):
     """Every store in one: what the worker, API, operator and services hold."""
