@@ -50,7 +50,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.embedded import free_port
 from runlease.db.models import Lease, Pool
 from runlease.db.store import NewRun, RunStore
@@ -249,7 +249,7 @@ async def _measure(url: str, *, streams: int, rate: float, quick: bool) -> dict[
         await submit_p99(base, 50)  # warm up: pool connections, prepared statements
         without = await submit_p99(base, submits)
         rss_before = rss_mib(api.pid)
-        async with make_pool(url, max_size=8) as pool:
+        async with make_conn_pool(url, max_size=8) as pool:
             store = RunStore(pool)
             leases = await leased_runs(store, streams)
             client = Streams(port)

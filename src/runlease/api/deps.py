@@ -12,8 +12,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from runlease.api.auth import Principal, StreamTokens, TokenRegistry
-from runlease.api.errors import ApiError, unauthorized
+from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import FeedHub
+from runlease.api.wakeups import PoolWaker
 from runlease.db.store import RunStore
 from runlease.settings import ApiSettings
 
@@ -25,6 +26,7 @@ class ApiState:
     stream_tokens: StreamTokens
     store: RunStore | None = None
     hub: FeedHub | None = None
+    waker: PoolWaker | None = None
 
 
 def api_state(request: Request) -> ApiState:
@@ -55,7 +57,7 @@ async def principal(request: Request) -> Principal:
 
 async def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
     if not who.admin:
-        raise ApiError(403, "forbidden", "admin only")
+        raise ErrorAnswer(403, "forbidden", "admin only")
     return who
 
 
@@ -66,11 +68,18 @@ async def json_content(request: Request) -> None:
     if media != "application/json" and not (media.startswith("application/")
                                             and media.endswith("+json")):
         got = f"got {media!r}" if media else "none was sent"
-        raise ApiError(415, "unsupported_media_type",
+        raise ErrorAnswer(415, "unsupported_media_type",
                        f"Content-Type: send application/json ({got})", "Content-Type")
 
 
+async def waker(request: Request) -> PoolWaker:
+    w = api_state(request).waker
+    assert w is not None, "the app's lifespan has not started"
+    return w
+
+
 Store = Annotated[RunStore, Depends(store)]
+Waker = Annotated[PoolWaker, Depends(waker)]
 JsonBody = Depends(json_content)
 Who = Annotated[Principal, Depends(principal)]
 Admin = Annotated[Principal, Depends(admin)]

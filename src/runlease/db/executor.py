@@ -22,6 +22,7 @@ from runlease.core import bounds
 from runlease.core.redact import DEFAULT_REDACTOR, Redactor
 from runlease.db.channels import POOL_CHANNEL_PREFIX
 from runlease.db.models import Lease
+from runlease.db.pooler import PREPARED_HINT, prepared_failure
 from runlease.db.queries import sql
 from runlease.errors import DatabaseUnavailable, LeaseLost, RunleaseError
 
@@ -38,14 +39,14 @@ class Executor:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Conn],
+        conn_pool: AsyncConnectionPool[Conn],
         *,
         clock: Clock | None = None,
         redactor: Redactor = DEFAULT_REDACTOR,
         max_input_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
         max_result_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
     ) -> None:
-        self.pool = pool
+        self.conn_pool = conn_pool
         self.clock: Clock = clock or SystemClock()
         self.redactor = redactor
         self.max_input_bytes = max_input_bytes
@@ -53,18 +54,21 @@ class Executor:
 
     @asynccontextmanager
     async def connection(self, conn: Conn | None = None) -> AsyncIterator[Conn]:
-        """The given connection, or one from the pool; errors translated."""
+        """The given connection, or one from the connection pool; errors translated."""
         try:
             if conn is not None:
                 yield conn
             else:
-                async with self.pool.connection() as pooled:
+                async with self.conn_pool.connection() as pooled:
                     yield pooled
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no database connection available: {exc}") from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
         except psycopg.Error as exc:
+            if prepared_failure(exc):
+                raise RunleaseError(f"database error: {str(exc).strip()}: {PREPARED_HINT}") \
+                    from exc
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
             raise RunleaseError(f"database error: {str(exc).strip()}") from exc
 
     async def _rows(

@@ -5,11 +5,13 @@ each concern, each beside its statements in `sql/`:
 
     executor.py   named statements, connections, fencing, error translation
     runs.py       enqueue, read, cancel, redrive, reap, retention  (runs.sql)
+    run_search.py runs by filter (RunFilter), composed per filter
     leases.py     a worker's claim, heartbeat, ack, nack, fail...  (runs.sql)
     events.py     events and durable steps      (run_events.sql, run_steps.sql)
     pools.py      pools and per-tenant settings (pools.sql)
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
+    workers.py    the workers registry          (workers.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -24,8 +26,10 @@ from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
+from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
+from runlease.db.workers import Registration, WorkerRow, WorkerStore
 
 __all__ = [
     "MAX_BATCH",
@@ -34,11 +38,15 @@ __all__ = [
     "Conn",
     "NewRun",
     "QueueStats",
+    "Registration",
     "Rendered",
+    "RunFilter",
     "RunStore",
+    "WorkerRow",
     "stale_writes",
 ]
 
 
-class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore):
+class RunStore(QueueStore, SearchStore, LeaseStore, EventStore, PoolStore, LeaderStore,
+               StatsStore, WorkerStore):
     """Every store in one: what the worker, API, operator and services hold."""

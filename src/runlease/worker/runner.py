@@ -37,6 +37,7 @@ from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
 from runlease.worker.toolenv import run_vars
 from runlease.worker.tools import ToolRunner
+from runlease.worker.waits import Flag, first_of
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +82,22 @@ class RunHandle:
         self.lease_s = lease_s
         self.margin_s = margin_s
         self.fence_at = claimed_at + lease_s - margin_s
+        # The run id as text, made once: task names and the tools' env use it.
+        self.rid = str(lease.run_id)
         self.cancel = asyncio.Event()
         self.cancel_grace_s = cancel_grace_s
         self.tools = ToolRunner(self.cancel, kill_grace_s, grant=tool_grant,
-                                run_env=run_vars(lease.run_id, lease.run.attempts, lease.epoch))
+                                run_env=run_vars(self.rid, lease.run.attempts, lease.epoch))
         self.reason: StopReason | None = None
         self.task: asyncio.Task[Any] | None = None
-        self.finished = asyncio.Event()
+        self.finished = Flag()
         # Set when this attempt has really ended (an abandoned agent task
         # included): only then may a newer attempt of the run start.
-        self.ended = asyncio.Event()
+        self.ended = Flag()
         # The older attempt of the same run this one waits for, if any.
         self.previous = previous
         # Set by every stop and cancel: wakes an attempt waiting for `previous`.
-        self.stopping = asyncio.Event()
+        self.stopping = Flag()
         # Resolved when the lease is lost or self-fenced: whatever waits on the
         # run stops waiting. A future, not an Event, so racing it costs no task.
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -256,7 +259,7 @@ class Runner:
         result: Any = None
         error: BaseException | None = None
         agent_task: asyncio.Task[Any]
-        agent_task = asyncio.create_task(self._agent(ctx), name=f"run-{lease.run_id}")
+        agent_task = asyncio.create_task(self._agent(ctx), name="run-" + handle.rid)
         handle.task = agent_task
         if handle.cancel.is_set():
             agent_task.cancel()
@@ -281,7 +284,8 @@ class Runner:
         """Await task, unless the lease is lost first: then give it grace_s to
         wind down and abandon it (a write stuck on a dead socket must not hold
         the slot), raising LeaseLost."""
-        await asyncio.wait({task, handle.lost}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and not handle.lost.done():
+            await first_of(task, handle.lost)
         if not task.done():
             # One cancellation, not a second one into the agent's own cleanup
             # (stop() may have cancelled it already).
