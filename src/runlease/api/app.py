@@ -38,7 +38,8 @@ READY_CHECK_S = 0.5  # /readyz answers within 1 s, well inside a probe's timeout
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No token, or an unknown one."},
     403: {"model": ErrorBody, "description": "An admin-only route."},
-    404: {"model": ErrorBody, "description": "No such run (or another tenant's)."},
+    404: {"model": ErrorBody, "description": "No such run (or another tenant's), or a "
+                                            "`pool` that does not exist (`unknown_pool`)."},
     422: {"model": ErrorBody, "description": "Bad input; `field` names it."},
     503: {"model": ErrorBody, "description": "The database is unavailable; retry."},
 }

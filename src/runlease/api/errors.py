@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,6 +16,7 @@ from runlease.errors import (
     InvalidTransition,
     RunleaseError,
     RunNotFound,
+    UnknownPool,
     ValidationError,
 )
 
@@ -66,6 +68,10 @@ _BY_TYPE: list[tuple[type[RunleaseError], int, str]] = [
 
 
 async def _runlease_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, UnknownPool):
+        # Well-formed, naming something that does not exist (yet): a 404 that
+        # names the field, as a missing run is a 404.
+        return error_response(404, "unknown_pool", str(exc), exc.field)
     if isinstance(exc, ValidationError):
         return error_response(422, "invalid_request", str(exc), exc.field)
     if isinstance(exc, DatabaseUnavailable):
@@ -88,8 +94,24 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 400 and "body" in str(exc.detail).lower():
         return error_response(422, "invalid_request", "body: not valid JSON", "body")
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail),
-                          headers=dict(exc.headers) if exc.headers else None)
+    headers = dict(exc.headers) if exc.headers else {}
+    if exc.status_code == 405:
+        headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
+    return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
+
+
+_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the OpenAPI document gives this path: Starlette's own 405
+    names only the first route's (GET of GET /v1/runs, not POST /v1/runs)."""
+    path = request.url.path
+    for template, item in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path):
+            return ", ".join(sorted(m.upper() for m in item if m in _METHODS))
+    return ""
 
 
 def install(app: FastAPI) -> None:

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+)
 
 from runlease.core import bounds
 from runlease.core.defaults import (
@@ -19,30 +28,78 @@ from runlease.db.models import Pool, Run, Step, TenantLimit
 
 POOL_PATTERN = bounds.POOL_PATTERN
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
+TENANT_PATTERN = r"^[^\x00-\x20\x7f]+$"  # printable, no spaces: bounds.check_tenant
+# A tool's environment: a variable name, never one of the worker's own
+# (bounds.check_tool_env refuses RUNLEASE_*, PG* and DATABASE_URL).
+TOOL_ENV_PATTERN = r"^(?!RUNLEASE_|PG|DATABASE_URL$)[A-Z_][A-Z0-9_]{0,127}$"
+
+
+def _integral(value: object) -> object:
+    # JSON Schema's `integer` includes 3.0, and generic clients send it: take
+    # a float with no fraction as the integer it is; anything else (a string,
+    # a bool, 2.5) still fails the strict check below.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# After the bounds: pydantic's JSON schema keeps `minimum`/`maximum` only for
+# constraints that come before a validator.
+INTEGRAL = BeforeValidator(_integral)
+Priority = Annotated[int, Field(strict=True, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX),
+                     INTEGRAL]
+Attempts = Annotated[int, Field(strict=True, ge=bounds.MAX_ATTEMPTS_MIN,
+                                le=bounds.MAX_ATTEMPTS_MAX), INTEGRAL]
+InFlight = Annotated[int, Field(strict=True, ge=0, le=bounds.MAX_IN_FLIGHT_MAX), INTEGRAL]
+Turns = Annotated[int, Field(strict=True, ge=1, le=100_000), INTEGRAL]
+ToolCalls = Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL]
+LeaseS = Annotated[int, Field(strict=True, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX),
+                   INTEGRAL]
+AgingS = Annotated[int, Field(strict=True, ge=0, le=bounds.AGING_S_MAX), INTEGRAL]
+RetentionS = Annotated[int, Field(strict=True, ge=0, le=bounds.RETENTION_S_MAX), INTEGRAL]
+
+
+def _keys_are_tenants(schema: dict[str, Any]) -> None:
+    # pydantic writes a constrained key type as patternProperties, which
+    # leaves keys not matching the pattern unconstrained; say what is meant.
+    values = schema.pop("patternProperties", None)
+    if values:
+        schema["additionalProperties"] = next(iter(values.values()))
+    schema["propertyNames"] = {"minLength": 1, "maxLength": bounds.TENANT_MAX_CHARS,
+                               "pattern": TENANT_PATTERN}
+TenantId = Annotated[str, StringConstraints(min_length=1, max_length=bounds.TENANT_MAX_CHARS,
+                                            pattern=TENANT_PATTERN)]
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+DEADLINE_S_MAX = 30 * 24 * 3600
+
+
 class BudgetIn(Strict):
-    max_turns: StrictInt | None = Field(None, ge=1, le=100_000)
-    max_tool_calls: StrictInt | None = Field(None, ge=0, le=1_000_000)
-    deadline_s: StrictInt | StrictFloat | None = Field(None, gt=0, le=30 * 24 * 3600)
+    max_turns: Turns | None = None
+    max_tool_calls: ToolCalls | None = None
+    deadline_s: (Annotated[StrictInt, Field(gt=0, le=DEADLINE_S_MAX)]
+                 | Annotated[StrictFloat, Field(gt=0, le=DEADLINE_S_MAX)] | None) = None
 
 
 class RunCreate(Strict):
     """A run to enqueue. Admin callers name the tenant; tenants may not."""
 
-    input: dict[str, Any] = Field(description="The agent's input, a JSON object.")
+    input: dict[str, Any] = Field(description="The agent's input, a JSON object (no NUL "
+                                              "character in any of its strings).",
+                                  examples=[{"prompt": "Summarise the incident report"}])
     pool: str = Field("default", min_length=1, max_length=bounds.POOL_MAX_CHARS,
                       pattern=POOL_PATTERN)
-    priority: StrictInt = Field(0, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
-    max_attempts: StrictInt | None = Field(None, ge=bounds.MAX_ATTEMPTS_MIN,
-                                           le=bounds.MAX_ATTEMPTS_MAX)
+    priority: Priority = 0
+    max_attempts: Attempts | None = None
     budget: BudgetIn | None = None
-    tenant_id: str | None = Field(None, min_length=1, max_length=bounds.TENANT_MAX_CHARS,
-                                  description="Admin only: the tenant the run belongs to.")
+    tenant_id: TenantId | None = Field(
+        None, description="The tenant the run belongs to. An admin token must name it; a "
+                          "tenant token may leave it out or name its own tenant (another "
+                          "tenant's is refused with 403).")
 
 
 class LeaseInfo(BaseModel):
@@ -136,11 +193,11 @@ class ErrorBody(BaseModel):
 
 
 class PriorityBand(Strict):
-    """The priorities a tenant may submit in a pool; outside them a submit is
-    refused with 422. Priority orders only the tenant's own runs."""
+    """The priorities a tenant may submit in a pool (`min` <= `max`); outside
+    them a submit is refused with 422. Priority orders only the tenant's own runs."""
 
-    min: StrictInt = Field(bounds.PRIORITY_MIN, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
-    max: StrictInt = Field(bounds.PRIORITY_MAX, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
+    min: Priority = bounds.PRIORITY_MIN
+    max: Priority = bounds.PRIORITY_MAX
 
 
 class PoolIn(Strict):
@@ -148,27 +205,30 @@ class PoolIn(Strict):
     replaces; `runlease pools upsert` reads the pool first and changes only
     what it is given)."""
 
-    max_attempts: StrictInt = Field(DEFAULT_MAX_ATTEMPTS, ge=bounds.MAX_ATTEMPTS_MIN,
-                                    le=bounds.MAX_ATTEMPTS_MAX)
-    lease_s: StrictInt = Field(DEFAULT_LEASE_S, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX,
-                               description="Lease length workers claim and renew with "
-                                           "(read at worker start).")
-    default_max_in_flight: StrictInt | None = Field(None, ge=0, le=bounds.MAX_IN_FLIGHT_MAX)
-    priority_aging_s: StrictInt = Field(DEFAULT_PRIORITY_AGING_S, ge=0, le=bounds.AGING_S_MAX)
-    retention_s: StrictInt = Field(DEFAULT_RETENTION_S, ge=0, le=bounds.RETENTION_S_MAX,
-                                   description="Finished runs older than this are deleted; "
-                                               "0 keeps them.")
+    model_config = ConfigDict(extra="forbid", regex_engine="python-re")  # TOOL_ENV_PATTERN
+
+    max_attempts: Attempts = DEFAULT_MAX_ATTEMPTS
+    lease_s: LeaseS = Field(DEFAULT_LEASE_S, description="Lease length workers claim and "
+                                                         "renew with (read at worker start).")
+    default_max_in_flight: InFlight | None = None
+    priority_aging_s: AgingS = DEFAULT_PRIORITY_AGING_S
+    retention_s: RetentionS = Field(DEFAULT_RETENTION_S,
+                                    description="Finished runs older than this are deleted; "
+                                                "0 keeps them.")
     paused: StrictBool = Field(False, description="No run of the pool is claimed; submits are "
                                             "accepted and leased runs go on.")
-    tool_env: list[str] = Field(
+    tool_env: list[Annotated[str, StringConstraints(pattern=TOOL_ENV_PATTERN)]] = Field(
         default_factory=list, max_length=bounds.TOOL_ENV_MAX,
+        json_schema_extra={"uniqueItems": True},
         description="Names of worker environment variables the pool's tools may see.")
-    tenant_limits: dict[str, StrictInt] = Field(
+    tenant_limits: dict[TenantId, InFlight] = Field(
         default_factory=dict, max_length=10_000,
-        description="Per-tenant caps on runs leased at once.")
-    tenant_priority: dict[str, PriorityBand] = Field(
+        description="Per-tenant caps on runs leased at once.",
+        json_schema_extra=_keys_are_tenants)
+    tenant_priority: dict[TenantId, PriorityBand] = Field(
         default_factory=dict, max_length=10_000,
-        description="Per-tenant priority bands; tenants not named may use -100..100.")
+        description="Per-tenant priority bands; tenants not named may use -100..100.",
+        json_schema_extra=_keys_are_tenants)
 
     def tenants(self) -> dict[str, TenantLimit]:
         names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority]))
