@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -107,11 +108,14 @@ def allowed_methods(request: Request) -> str:
     """Every method the OpenAPI document gives this path: Starlette's own 405
     names only the first route's (GET of GET /v1/runs, not POST /v1/runs)."""
     path = request.url.path
-    for template, item in request.app.openapi().get("paths", {}).items():
-        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
-        if re.fullmatch(pattern, path):
-            return ", ".join(sorted(m.upper() for m in item if m in _METHODS))
-    return ""
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    # A literal path (/v1/runs/cancel) is its own resource, though
+    # /v1/runs/{run_id} would match it too.
+    item = paths.get(path) or next(
+        (item for template, item in paths.items()
+         if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path)),
+        {})
+    return ", ".join(sorted(m.upper() for m in item if m in _METHODS))
 
 
 def install(app: FastAPI) -> None:

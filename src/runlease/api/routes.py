@@ -32,6 +32,7 @@ from runlease.api.schemas import (
     StreamToken,
 )
 from runlease.core import bounds
+from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
 from runlease.db.models import Pool, Run
 from runlease.errors import RunNotFound
@@ -66,6 +67,13 @@ def tenant_for(tenant_id: str | None, who: Principal) -> str:
     return who.tenant_id
 
 
+def retry_policy(body: RunCreate) -> RetryPolicy | None:
+    if (body.backoff_base_s, body.backoff_cap_s, body.non_retryable_codes) == (None,) * 3:
+        return None
+    return RetryPolicy.checked(body.backoff_base_s, body.backoff_cap_s,
+                               body.non_retryable_codes)
+
+
 SUBMIT_403 = {"model": ErrorBody,
               "description": "`tenant_id` names another tenant than the token's, or an "
                              "admin token leaves it out."}
@@ -90,7 +98,7 @@ async def submit(
         body.pool, tenant_for(body.tenant_id, who), body.input, priority=body.priority,
         max_attempts=body.max_attempts,
         budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key, retry=retry_policy(body),
     )
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()

@@ -17,7 +17,8 @@ from pydantic import (
     StringConstraints,
 )
 
-from runlease.core import bounds
+from runlease.core import backoff, bounds
+from runlease.core.backoff import RetryPolicy
 from runlease.core.defaults import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -57,6 +58,9 @@ LeaseS = Annotated[int, Field(strict=True, ge=bounds.LEASE_S_MIN, le=bounds.LEAS
                    INTEGRAL]
 AgingS = Annotated[int, Field(strict=True, ge=0, le=bounds.AGING_S_MAX), INTEGRAL]
 RetentionS = Annotated[int, Field(strict=True, ge=0, le=bounds.RETENTION_S_MAX), INTEGRAL]
+BackoffBase = Annotated[int, Field(strict=True, ge=0, le=backoff.BACKOFF_BASE_S_MAX), INTEGRAL]
+BackoffCap = Annotated[int, Field(strict=True, ge=0, le=backoff.BACKOFF_CAP_S_MAX), INTEGRAL]
+ErrorCode = Annotated[str, StringConstraints(pattern=backoff.ERROR_CODE_PATTERN)]
 
 
 def _keys_are_tenants(schema: dict[str, Any]) -> None:
@@ -96,6 +100,19 @@ class RunCreate(Strict):
     priority: Priority = 0
     max_attempts: Attempts | None = None
     budget: BudgetIn | None = None
+    backoff_base_s: BackoffBase | None = Field(
+        None, description="Seconds before the first retry; each later one waits twice the "
+                          f"last, up to backoff_cap_s (default {backoff.BACKOFF_BASE_S}).",
+        examples=[10])
+    backoff_cap_s: BackoffCap | None = Field(
+        None, description="The longest wait between attempts, at least backoff_base_s "
+                          f"(default {backoff.BACKOFF_CAP_S}; a longer backoff_base_s alone "
+                          "raises it to that).", examples=[600])
+    non_retryable_codes: list[ErrorCode] | None = Field(
+        None, max_length=backoff.NON_RETRYABLE_MAX,
+        description="Error codes after which the run is dead at once, whatever attempts "
+                    "remain (a retryable failure with one of them is not retried).",
+        examples=[["invalid_input", "quota_exceeded"]])
     tenant_id: TenantId | None = Field(
         None, description="The tenant the run belongs to. An admin token must name it; a "
                           "tenant token may leave it out or name its own tenant (another "
@@ -131,6 +148,9 @@ class RunOut(BaseModel):
     finished_at: datetime | None = None
     last_event_seq: int = Field(description="The seq of the run's latest event; 0 if none.")
     lease: LeaseInfo | None = None
+    backoff_base_s: int = Field(backoff.BACKOFF_BASE_S, description="The run's retry policy.")
+    backoff_cap_s: int = backoff.BACKOFF_CAP_S
+    non_retryable_codes: list[str] = Field(default_factory=list)
 
     @classmethod
     def of(cls, run: Run, *, admin: bool) -> RunOut:
@@ -147,6 +167,9 @@ class RunOut(BaseModel):
             available_at=run.available_at, created_at=run.created_at,
             updated_at=run.updated_at, finished_at=run.finished_at,
             last_event_seq=run.event_seq, lease=lease,
+            backoff_base_s=RetryPolicy(run.backoff_base_s).base_s,
+            backoff_cap_s=RetryPolicy(backoff_cap_s=run.backoff_cap_s).cap_s,
+            non_retryable_codes=run.non_retryable_codes or [],
         )
 
 

@@ -16,6 +16,7 @@ same way (`calls.py`); only the I/O differs.
 
 from __future__ import annotations
 
+from runlease.client.actions import BulkView
 from runlease.client.aio import AsyncClient
 from runlease.client.errors import RETRY_STATUSES, ApiError, Conflict, NotFound, Unauthorized
 from runlease.client.sse import RunEnded, SseParser, StreamEvent
@@ -26,6 +27,7 @@ __all__ = [
     "RETRY_STATUSES",
     "ApiError",
     "AsyncClient",
+    "BulkView",
     "Client",
     "Conflict",
     "NotFound",

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
 
+from runlease.client.actions import AsyncActions
 from runlease.client.calls import Calls
 from runlease.client.errors import ApiError
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
-class AsyncClient:
+class AsyncClient(AsyncActions):
     """Asynchronous client, for agent platforms running on asyncio."""
 
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
@@ -41,12 +42,18 @@ class AsyncClient:
                      priority: int | None = None, max_attempts: int | None = None,
                      budget: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None,
-                     tenant_id: str | None = None) -> RunView:
+                     tenant_id: str | None = None, backoff_base_s: int | None = None,
+                     backoff_cap_s: int | None = None,
+                     non_retryable_codes: Sequence[str] | None = None) -> RunView:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = await self._http.post("/v1/runs", headers=headers,
                                          json=self._calls.submit_body(
                                              input, pool, priority, max_attempts, budget,
-                                             tenant_id))
+                                             tenant_id, backoff_base_s=backoff_base_s,
+                                             backoff_cap_s=backoff_cap_s,
+                                             non_retryable_codes=None
+                                             if non_retryable_codes is None
+                                             else list(non_retryable_codes)))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
     async def get(self, run_id: UUID | str) -> RunView:

@@ -35,10 +35,10 @@ class Calls:
     @staticmethod
     def submit_body(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
                     max_attempts: int | None, budget: Mapping[str, Any] | None,
-                    tenant_id: str | None) -> dict[str, Any]:
+                    tenant_id: str | None, **extra: Any) -> dict[str, Any]:
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
-                           ("budget", budget), ("tenant_id", tenant_id)):
+                           ("budget", budget), ("tenant_id", tenant_id), *extra.items()):
             if value is not None:
                 body[key] = value
         return body

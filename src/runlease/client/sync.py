@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
 
+from runlease.client.actions import SyncActions
 from runlease.client.calls import Calls
 from runlease.client.errors import ApiError
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
-class Client:
+class Client(SyncActions):
     """Synchronous client."""
 
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
@@ -40,10 +41,17 @@ class Client:
     def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
                priority: int | None = None, max_attempts: int | None = None,
                budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
-               tenant_id: str | None = None) -> RunView:
+               tenant_id: str | None = None, backoff_base_s: int | None = None,
+               backoff_cap_s: int | None = None,
+               non_retryable_codes: Sequence[str] | None = None) -> RunView:
+        """Enqueue a run; the backoff_* and non_retryable_codes arguments are
+        its retry policy (left out: the defaults, 5 s doubling up to 300 s)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = self._http.post("/v1/runs", headers=headers, json=self._calls.submit_body(
-            input, pool, priority, max_attempts, budget, tenant_id))
+            input, pool, priority, max_attempts, budget, tenant_id,
+            backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
+            non_retryable_codes=None if non_retryable_codes is None
+            else list(non_retryable_codes)))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
     def get(self, run_id: UUID | str) -> RunView:

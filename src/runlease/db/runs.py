@@ -9,6 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from runlease.core import bounds
+from runlease.core.backoff import RetryPolicy
 from runlease.core.ids import uuid7
 from runlease.core.states import RunStatus
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
@@ -42,6 +43,7 @@ class NewRun:
     max_attempts: int | None = None
     budget: Mapping[str, Any] | None = None
     idempotency_key: str | None = None
+    retry: RetryPolicy | None = None  # checked by RetryPolicy.checked
 
 
 class QueueStore(Executor):
@@ -57,9 +59,10 @@ class QueueStore(Executor):
         max_attempts: int | None = None,
         budget: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        retry: RetryPolicy | None = None,
         conn: Conn | None = None,
     ) -> EnqueueResult:
-        run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key)
+        run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key, retry)
         (result,) = await self.enqueue_many(pool, [run], conn=conn)
         return result
 
@@ -81,6 +84,9 @@ class QueueStore(Executor):
         budgets: list[str] = []
         inputs: list[str] = []
         keys: list[str | None] = []
+        backoff_bases: list[int | None] = []
+        backoff_caps: list[int | None] = []
+        non_retryable: list[str | None] = []
         seen_keys: set[tuple[str, str]] = set()
         for i, run in enumerate(runs):
             where = f"runs[{i}]." if len(runs) > 1 else ""
@@ -102,6 +108,13 @@ class QueueStore(Executor):
                         raise ValidationError("idempotency_key", "repeated within one batch")
                     seen_keys.add((run.tenant_id, key))
                 keys.append(key)
+                retry = RetryPolicy() if run.retry is None else RetryPolicy.checked(
+                    run.retry.backoff_base_s, run.retry.backoff_cap_s,
+                    run.retry.non_retryable_codes)
+                backoff_bases.append(retry.backoff_base_s)
+                backoff_caps.append(retry.backoff_cap_s)
+                non_retryable.append(None if retry.non_retryable_codes is None
+                                     else ",".join(retry.non_retryable_codes))
             except ValidationError as exc:
                 raise ValidationError(where + exc.field, exc.message) from None
             ids.append(uuid7())
@@ -115,6 +128,9 @@ class QueueStore(Executor):
             "budgets": budgets,
             "inputs": inputs,
             "keys": keys,
+            "backoff_bases": backoff_bases,
+            "backoff_caps": backoff_caps,
+            "non_retryable": non_retryable,
             "channel_prefix": POOL_CHANNEL_PREFIX,
         }
         async with self.connection(conn) as c, c.transaction():

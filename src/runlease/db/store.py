@@ -5,6 +5,7 @@ each concern, each beside its statements in `sql/`:
 
     executor.py   named statements, connections, fencing, error translation
     runs.py       enqueue, read, cancel, redrive, reap, retention  (runs.sql)
+    bulk.py       bulk cancel and redrive, re-prioritise           (run_bulk.sql)
     leases.py     a worker's claim, heartbeat, ack, nack, fail...  (runs.sql)
     events.py     events and durable steps      (run_events.sql, run_steps.sql)
     pools.py      pools and per-tenant settings (pools.sql)
@@ -19,6 +20,7 @@ the fence matches zero rows.
 
 from __future__ import annotations
 
+from runlease.db.bulk import BulkStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
@@ -40,5 +42,6 @@ __all__ = [
 ]
 
 
-class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore):
+class RunStore(BulkStore, QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore,
+               StatsStore):
     """Every store in one: what the worker, API, operator and services hold."""

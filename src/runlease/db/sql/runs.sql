@@ -33,10 +33,11 @@ WITH clock AS (
     SELECT *
       FROM unnest(%(ids)s::uuid[], %(tenants)s::text[], %(priorities)s::integer[],
                   %(max_attempts)s::integer[], %(budgets)s::jsonb[], %(inputs)s::jsonb[],
-                  %(keys)s::text[])
+                  %(keys)s::text[], %(backoff_bases)s::integer[], %(backoff_caps)s::integer[],
+                  %(non_retryable)s::text[])
            WITH ORDINALITY
            AS i (id, tenant_id, priority, max_attempts, budget_json, input_json,
-                 idempotency_key, ord)
+                 idempotency_key, backoff_base_s, backoff_cap_s, non_retryable, ord)
 ), lanes AS (
     SELECT l.tenant_id,
            greatest(
@@ -56,11 +57,15 @@ WITH clock AS (
 ), ins AS (
     INSERT INTO agent_runs AS r
            (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
-            idempotency_key, available_at, created_at, updated_at)
+            idempotency_key, available_at, created_at, updated_at,
+            backoff_base_s, backoff_cap_s, non_retryable_codes)
     SELECT i.id, pool.name, i.tenant_id, i.priority,
            lanes.base + row_number() OVER (PARTITION BY i.tenant_id ORDER BY i.ord) - 1,
            coalesce(i.max_attempts, pool.max_attempts), i.budget_json, i.input_json,
-           i.idempotency_key, clock.ts, clock.ts, clock.ts
+           i.idempotency_key, clock.ts, clock.ts, clock.ts,
+           -- Codes never hold a comma (bounds: ^[a-z][a-z0-9_.-]*$), and a
+           -- text[][] must be rectangular: each run's list travels joined.
+           i.backoff_base_s, i.backoff_cap_s, string_to_array(i.non_retryable, ',')
       FROM input i
       JOIN lanes USING (tenant_id)
      CROSS JOIN pool
@@ -153,28 +158,43 @@ SELECT upd.id FROM upd CROSS JOIN notify;
 
 
 -- name: run_nack
--- A retryable failure: back to pending after min(300, 5 * 2^(attempts-1)) s,
--- or the failure's own retry-after when longer, computed here by the
--- database clock; dead once attempts reach max_attempts;
--- cancelled if a cancel was requested meanwhile (a cancelled run is never retried).
+-- A retryable failure: back to pending after min(cap, base * 2^(attempts-1))
+-- s by the run's retry policy (NULL: base 5, cap 300), or the failure's own
+-- retry-after when longer, computed here by the database clock; dead once
+-- attempts reach max_attempts, or at once when the error code is one of the
+-- run's non_retryable_codes; cancelled if a cancel was requested meanwhile
+-- (a cancelled run is never retried).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
 ), upd AS (
     UPDATE agent_runs r
        SET status = CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                         WHEN r.attempts >= r.max_attempts THEN 'dead'
-                         ELSE 'pending' END,
+                         WHEN r.attempts < r.max_attempts
+                              AND NOT coalesce(%(error_code)s::text = ANY (r.non_retryable_codes),
+                                               false) THEN 'pending'
+                         ELSE 'dead' END,
            -- In backoff: out of the claim's indexes until runlease_claim
-           -- finds its time has come.
-           delayed = r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts,
-           available_at = CASE WHEN r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+           -- finds its time has come. (The retry test is repeated: each
+           -- must read the row's latest version, which a CTE would not.)
+           delayed = (r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+                      AND NOT coalesce(%(error_code)s::text = ANY (r.non_retryable_codes),
+                                       false)),
+           available_at = CASE WHEN r.cancel_requested_at IS NULL
+                                    AND r.attempts < r.max_attempts
+                                    AND NOT coalesce(%(error_code)s::text
+                                                     = ANY (r.non_retryable_codes), false)
                                THEN clock.ts + make_interval(
-                                        secs => greatest(least(300, 5 * power(2, r.attempts - 1)),
-                                                         coalesce(%(retry_after_s)s::float8, 0)))
+                                        secs => greatest(
+                                            least(coalesce(r.backoff_cap_s, 300),
+                                                  coalesce(r.backoff_base_s, 5)
+                                                  * power(2, least(r.attempts - 1, 60))),
+                                            coalesce(%(retry_after_s)s::float8, 0)))
                                ELSE r.available_at END,
-           finished_at = CASE WHEN r.cancel_requested_at IS NOT NULL
-                                   OR r.attempts >= r.max_attempts
-                              THEN clock.ts END,
+           finished_at = CASE WHEN r.cancel_requested_at IS NULL
+                                   AND r.attempts < r.max_attempts
+                                   AND NOT coalesce(%(error_code)s::text
+                                                    = ANY (r.non_retryable_codes), false)
+                              THEN NULL ELSE clock.ts END,
            locked_by = NULL, locked_until = NULL,
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts
