@@ -3,6 +3,7 @@ client commands (client.py), under one group."""
 
 from __future__ import annotations
 
+from runlease.cli import actions  # noqa: F401 - adds its commands to `runs`
 from runlease.cli.client import dead, pools, runs
 from runlease.cli.server import api, main, operator, run, worker
 

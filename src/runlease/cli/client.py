@@ -19,6 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.client import ApiError, Client, RunEnded, RunView, StepView, StreamEvent
 from runlease.core.states import RunStatus
 
@@ -117,9 +118,10 @@ def runs() -> None:
 @click.option("--budget", help="A JSON object: max_turns, max_tool_calls, deadline_s.")
 @click.option("--idempotency-key")
 @click.option("--tenant", "tenant_id", help="Admin only: the run's tenant.")
+@retry_options
 def submit(api_url: str, token: str, as_json: bool, input_json: str, pool: str | None,
            priority: int | None, max_attempts: int | None, budget: str | None,
-           idempotency_key: str | None, tenant_id: str | None) -> None:
+           idempotency_key: str | None, tenant_id: str | None, **retry: Any) -> None:
     """Enqueue a run."""
     if input_json.startswith("@"):
         with open(input_json[1:]) as f:
@@ -132,7 +134,7 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str, pool: str |
     with client(api_url, token) as api:
         run = api.submit(payload, pool=pool, priority=priority, max_attempts=max_attempts,
                          budget=budget_obj, idempotency_key=idempotency_key,
-                         tenant_id=tenant_id)
+                         tenant_id=tenant_id, **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
     else:
@@ -173,20 +175,6 @@ def show(api_url: str, token: str, as_json: bool, run_id: str) -> None:
         if key != "created":
             shown = json.dumps(value) if isinstance(value, dict) else value
             console.print(f"[bold]{key}[/]: {shown}")
-
-
-@runs.command("cancel")
-@api_options
-@click.argument("run_id")
-def cancel(api_url: str, token: str, as_json: bool, run_id: str) -> None:
-    """Stop a run (its tools too)."""
-    with client(api_url, token) as api:
-        run = api.cancel(run_id)
-    if as_json:
-        emit_json(run)
-    else:
-        state = "cancel requested" if run.status == "leased" else run.status
-        console.print(f"{run.id}: {state}")
 
 
 def steps_table(steps: list[StepView]) -> Table:
