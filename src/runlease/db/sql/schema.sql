@@ -210,6 +210,9 @@ CREATE TABLE agent_run_schedules (
     next_tick_at timestamptz NOT NULL,
     last_tick_at timestamptz,
     last_run_id  uuid,
+    -- Why the last due tick enqueued nothing (overlap, or a template the
+    -- pool refuses now); NULL once a tick enqueues again.
+    last_error   text        CHECK (length(last_error) <= 1024),
     created_at   timestamptz NOT NULL DEFAULT now(),
     updated_at   timestamptz NOT NULL DEFAULT now(),
     UNIQUE (tenant_id, name)
