@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease import __version__, metrics
-from runlease.api import actions, errors, routes
+from runlease.api import actions, errors, routes, schedules
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
@@ -183,10 +183,11 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(actions.router)
+    app.include_router(schedules.router)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "PUT", "PATCH"],
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
             expose_headers=["Location"])
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)

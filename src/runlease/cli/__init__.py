@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from runlease.cli import actions  # noqa: F401 - adds its commands to `runs`
 from runlease.cli.client import dead, pools, runs
+from runlease.cli.schedules import schedules
 from runlease.cli.server import api, main, operator, run, worker
 
 main.add_command(runs)
 main.add_command(dead)
 main.add_command(pools)
+main.add_command(schedules)
 
 __all__ = ["api", "main", "operator", "run", "worker"]

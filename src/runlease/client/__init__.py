@@ -19,6 +19,7 @@ from __future__ import annotations
 from runlease.client.actions import BulkView
 from runlease.client.aio import AsyncClient
 from runlease.client.errors import RETRY_STATUSES, ApiError, Conflict, NotFound, Unauthorized
+from runlease.client.schedules import SchedulePage, ScheduleView
 from runlease.client.sse import RunEnded, SseParser, StreamEvent
 from runlease.client.sync import Client
 from runlease.client.views import RunPage, RunView, StepPage, StepView
@@ -34,6 +35,8 @@ __all__ = [
     "RunEnded",
     "RunPage",
     "RunView",
+    "SchedulePage",
+    "ScheduleView",
     "SseParser",
     "StepPage",
     "StepView",

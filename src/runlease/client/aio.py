@@ -13,11 +13,12 @@ import httpx
 from runlease.client.actions import AsyncActions
 from runlease.client.calls import Calls
 from runlease.client.errors import ApiError
+from runlease.client.schedules import AsyncSchedules
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
-class AsyncClient(AsyncActions):
+class AsyncClient(AsyncActions, AsyncSchedules):
     """Asynchronous client, for agent platforms running on asyncio."""
 
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,

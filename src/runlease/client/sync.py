@@ -13,11 +13,12 @@ import httpx
 from runlease.client.actions import SyncActions
 from runlease.client.calls import Calls
 from runlease.client.errors import ApiError
+from runlease.client.schedules import SyncSchedules
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
-class Client(SyncActions):
+class Client(SyncActions, SyncSchedules):
     """Synchronous client."""
 
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
