@@ -103,3 +103,13 @@ async def test_options_and_other_methods_answer_405_with_every_allowed_method(
     assert runs.json()["error"]["code"] == "method_not_allowed"
     assert pool.status_code == 405
     assert pool.headers["Allow"] == "GET, PUT"
+
+
+async def test_a_literal_path_with_another_method_is_405_not_a_bad_run_id(api: Api) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+        patched = await http.patch("/v1/runs/redrive", json={"priority": 1})
+        opened = await http.options("/v1/runs/cancel")
+    assert patched.status_code == 405, patched.text
+    assert patched.headers["Allow"] == "POST"
+    assert opened.status_code == 405
+    assert opened.headers["Allow"] == "POST"

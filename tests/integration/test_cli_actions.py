@@ -74,6 +74,6 @@ async def test_reprioritize_and_submit_with_a_retry_policy(api: Api) -> None:
     assert moved.exit_code == 0, moved.output
     assert "priority -7" in moved.output
     refused = await invoke(api, "acme", "runs", "submit", "--input", "{}",
-                           "--backoff-base-s", "60", "--backoff-cap-s", "5")
+                           "--non-retryable", "Not A Code")
     assert refused.exit_code == 1
-    assert "backoff_cap_s" in refused.output
+    assert "non_retryable_codes" in refused.output

@@ -7,6 +7,9 @@ description and refused by the server with a 422 that names the field.
   cannot store one), at any depth: a schema would need a recursive
   definition, which generators do not follow.
 - A priority band has `min` <= `max`: a rule between two fields.
+- A schedule's cron expression names a time that exists (the schema gives
+  each field's grammar and range; `0 0 31 2 *` fits them and never ticks),
+  and its ranges run low to high.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import schemathesis
+
+from runlease.core.cron import Cron
+from runlease.errors import ValidationError
 
 
 def _has_nul(value: Any) -> bool:
@@ -35,8 +41,20 @@ def _inverted_band(body: dict[str, Any]) -> bool:
                for b in bands.values())
 
 
+def _bad_cron(body: dict[str, Any]) -> bool:
+    cron, zone = body.get("cron"), body.get("timezone", "UTC")
+    if not isinstance(cron, str) or not isinstance(zone, str):
+        return False
+    try:
+        Cron.checked(cron, zone)
+    except ValidationError:
+        return True
+    return False
+
+
 @schemathesis.hook
 def filter_body(ctx: Any, body: Any) -> bool:
     if not isinstance(body, dict):
         return True
-    return not (_has_nul(body) or _inverted_band(body))
+    return not (_has_nul(body) or _inverted_band(body)
+                or _bad_cron(body))

@@ -53,6 +53,12 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    literal = request.app.openapi().get("paths", {}).get(request.url.path)
+    if literal is not None and request.method.lower() not in literal:
+        # PATCH /v1/runs/redrive reached PATCH /v1/runs/{run_id}: the path is
+        # a resource of its own, which does not take this method.
+        return error_response(405, "method_not_allowed", "Method Not Allowed",
+                              headers={"Allow": allowed_methods(request)})
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]

@@ -105,8 +105,9 @@ class RunCreate(Strict):
                           f"last, up to backoff_cap_s (default {backoff.BACKOFF_BASE_S}).",
         examples=[10])
     backoff_cap_s: BackoffCap | None = Field(
-        None, description="The longest wait between attempts, at least backoff_base_s "
-                          f"(default {backoff.BACKOFF_CAP_S}; a longer backoff_base_s alone "
+        None, description="The longest wait between attempts: the n-th retry waits "
+                          "min(backoff_cap_s, backoff_base_s * 2^(n-1)) seconds (default "
+                          f"{backoff.BACKOFF_CAP_S}; a longer backoff_base_s given alone "
                           "raises it to that).", examples=[600])
     non_retryable_codes: list[ErrorCode] | None = Field(
         None, max_length=backoff.NON_RETRYABLE_MAX,

@@ -60,8 +60,7 @@ class RetryPolicy:
         cap = _seconds("backoff_cap_s", backoff_cap_s, BACKOFF_CAP_S_MAX)
         if cap is None and base is not None and base > BACKOFF_CAP_S:
             cap = base  # a long base alone is not cut to the default cap
-        if cap is not None and base is not None and base > cap:
-            raise ValidationError("backoff_cap_s", f"must be at least backoff_base_s ({base})")
+        # A cap below the base is allowed: every wait is then the cap.
         codes: tuple[str, ...] | None = None
         if non_retryable_codes is not None:
             if isinstance(non_retryable_codes, str | bytes):

@@ -98,7 +98,6 @@ CREATE TABLE agent_runs (
     backoff_base_s      integer     CHECK (backoff_base_s BETWEEN 0 AND 86400),
     backoff_cap_s       integer     CHECK (backoff_cap_s BETWEEN 0 AND 604800),
     non_retryable_codes text[]      CHECK (cardinality(non_retryable_codes) <= 32),
-    CONSTRAINT agent_runs_backoff_cap_check CHECK (backoff_cap_s >= backoff_base_s),
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased

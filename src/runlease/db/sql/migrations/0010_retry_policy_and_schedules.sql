@@ -4,8 +4,7 @@
 ALTER TABLE agent_runs
     ADD COLUMN backoff_base_s      integer CHECK (backoff_base_s BETWEEN 0 AND 86400),
     ADD COLUMN backoff_cap_s       integer CHECK (backoff_cap_s BETWEEN 0 AND 604800),
-    ADD COLUMN non_retryable_codes text[]  CHECK (cardinality(non_retryable_codes) <= 32),
-    ADD CONSTRAINT agent_runs_backoff_cap_check CHECK (backoff_cap_s >= backoff_base_s);
+    ADD COLUMN non_retryable_codes text[]  CHECK (cardinality(non_retryable_codes) <= 32);
 
 CREATE TABLE agent_run_schedules (
     id           uuid        PRIMARY KEY,
