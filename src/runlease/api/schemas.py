@@ -64,13 +64,13 @@ ErrorCode = Annotated[str, StringConstraints(pattern=backoff.ERROR_CODE_PATTERN)
 
 
 def _keys_are_tenants(schema: dict[str, Any]) -> None:
-    # pydantic writes a constrained key type as patternProperties, which
-    # leaves keys not matching the pattern unconstrained; say what is meant.
-    values = schema.pop("patternProperties", None)
-    if values:
-        schema["additionalProperties"] = next(iter(values.values()))
+    # The store checks tenant ids and caps (naming the field as before,
+    # `limits[acme]`); the document states the same rules.
     schema["propertyNames"] = {"minLength": 1, "maxLength": bounds.TENANT_MAX_CHARS,
                                "pattern": TENANT_PATTERN}
+    if schema.get("additionalProperties", {}).get("type") == "integer":
+        schema["additionalProperties"] = {"type": "integer", "minimum": 0,
+                                          "maximum": bounds.MAX_IN_FLIGHT_MAX}
 TenantId = Annotated[str, StringConstraints(min_length=1, max_length=bounds.TENANT_MAX_CHARS,
                                             pattern=TENANT_PATTERN)]
 
@@ -229,8 +229,6 @@ class PoolIn(Strict):
     replaces; `runlease pools upsert` reads the pool first and changes only
     what it is given)."""
 
-    model_config = ConfigDict(extra="forbid", regex_engine="python-re")  # TOOL_ENV_PATTERN
-
     max_attempts: Attempts = DEFAULT_MAX_ATTEMPTS
     lease_s: LeaseS = Field(DEFAULT_LEASE_S, description="Lease length workers claim and "
                                                          "renew with (read at worker start).")
@@ -241,15 +239,18 @@ class PoolIn(Strict):
                                                 "0 keeps them.")
     paused: StrictBool = Field(False, description="No run of the pool is claimed; submits are "
                                             "accepted and leased runs go on.")
-    tool_env: list[Annotated[str, StringConstraints(pattern=TOOL_ENV_PATTERN)]] = Field(
+    # The store checks each name (bounds.check_tool_env, with messages that
+    # say why); the document states the same rule.
+    tool_env: list[str] = Field(
         default_factory=list, max_length=bounds.TOOL_ENV_MAX,
-        json_schema_extra={"uniqueItems": True},
+        json_schema_extra={"uniqueItems": True,
+                           "items": {"type": "string", "pattern": TOOL_ENV_PATTERN}},
         description="Names of worker environment variables the pool's tools may see.")
-    tenant_limits: dict[TenantId, InFlight] = Field(
+    tenant_limits: dict[str, Annotated[int, Field(strict=True), INTEGRAL]] = Field(
         default_factory=dict, max_length=10_000,
         description="Per-tenant caps on runs leased at once.",
         json_schema_extra=_keys_are_tenants)
-    tenant_priority: dict[TenantId, PriorityBand] = Field(
+    tenant_priority: dict[str, PriorityBand] = Field(
         default_factory=dict, max_length=10_000,
         description="Per-tenant priority bands; tenants not named may use -100..100.",
         json_schema_extra=_keys_are_tenants)
