@@ -19,6 +19,8 @@ from runlease.errors import ValidationError
 from runlease.services.leader import LeaderElector
 from runlease.services.scheduler import Scheduler
 from tests.support.api import Api
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 
 START = datetime(2026, 12, 1, 10, 2, 0, tzinfo=UTC)
 EVERY_5 = Cron.checked("*/5 * * * *")
@@ -244,3 +246,26 @@ async def test_the_sync_client_and_admin(api: Api) -> None:
             admin.delete_schedule(made.id)
 
     await asyncio.to_thread(run)
+
+
+async def test_a_worker_hosts_the_scheduler_and_runs_the_tick(db_url: str,
+                                                              live_store: RunStore) -> None:
+    schedule = await live_store.create_schedule("acme", "soon", Cron.checked("0 0 * * *"),
+                                                {"input": {"steps": []}})
+    # Due now instead of at midnight: what a tick reached while no one ran looks like.
+    async with live_store.connection() as conn:
+        await conn.execute("UPDATE agent_run_schedules SET next_tick_at = now() - "
+                           "interval '1 second' WHERE id = %s", (schedule.id,))
+    async with running_worker(db_url):
+        async def ticked() -> object:
+            s = await live_store.get_schedule(schedule.id)
+            return s.last_run_id
+
+        run_id = await until(ticked, what="the worker's scheduler to enqueue the tick")
+        run = await until(lambda: _finished(live_store, run_id), what="the tick's run")
+    assert (run.status, run.tenant_id) == ("done", "acme")
+
+
+async def _finished(store: RunStore, run_id: object) -> object:
+    run = await store.get(run_id)  # type: ignore[arg-type]
+    return run if run.finished_at is not None else None
