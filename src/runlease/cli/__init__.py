@@ -3,7 +3,7 @@ client commands (client.py), under one group."""
 
 from __future__ import annotations
 
-from runlease.cli import actions  # noqa: F401 - adds its commands to `runs`
+from runlease.cli import actions, run_commands
 from runlease.cli.client import dead, pools, runs
 from runlease.cli.schedules import schedules
 from runlease.cli.server import api, main, operator, run, worker
@@ -13,4 +13,4 @@ main.add_command(dead)
 main.add_command(pools)
 main.add_command(schedules)
 
-__all__ = ["api", "main", "operator", "run", "worker"]
+__all__ = ["actions", "api", "main", "operator", "run", "run_commands", "worker"]

@@ -19,9 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.client import ApiError, Client, RunEnded, RunView, StepView, StreamEvent
-from runlease.core.states import RunStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -106,59 +104,6 @@ def runs_table(runs: list[RunView], title: str | None = None) -> Table:
 @click.group()
 def runs() -> None:
     """Submit, list, show, cancel and follow runs."""
-
-
-@runs.command("submit")
-@api_options
-@click.option("--input", "input_json", required=True,
-              help="The run input, a JSON object (or @file.json).")
-@click.option("--pool")
-@click.option("--priority", type=int)
-@click.option("--max-attempts", type=int)
-@click.option("--budget", help="A JSON object: max_turns, max_tool_calls, deadline_s.")
-@click.option("--idempotency-key")
-@click.option("--tenant", "tenant_id", help="Admin only: the run's tenant.")
-@retry_options
-def submit(api_url: str, token: str, as_json: bool, input_json: str, pool: str | None,
-           priority: int | None, max_attempts: int | None, budget: str | None,
-           idempotency_key: str | None, tenant_id: str | None, **retry: Any) -> None:
-    """Enqueue a run."""
-    if input_json.startswith("@"):
-        with open(input_json[1:]) as f:
-            input_json = f.read()
-    try:
-        payload = json.loads(input_json)
-        budget_obj = json.loads(budget) if budget else None
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}") from None
-    with client(api_url, token) as api:
-        run = api.submit(payload, pool=pool, priority=priority, max_attempts=max_attempts,
-                         budget=budget_obj, idempotency_key=idempotency_key,
-                         tenant_id=tenant_id, **retry_kwargs(**retry))
-    if as_json:
-        emit_json(run)
-    else:
-        console.print(f"{'submitted' if run.created else 'already submitted'}: {run.id} "
-                      f"({run.status})")
-
-
-@runs.command("list")
-@api_options
-@click.option("--status", type=click.Choice([s.value for s in RunStatus]))
-@click.option("--pool")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
-@click.option("--cursor")
-def list_runs(api_url: str, token: str, as_json: bool, status: str | None, pool: str | None,
-              limit: int, cursor: str | None) -> None:
-    """Runs, newest first."""
-    with client(api_url, token) as api:
-        page = api.list(status=status, pool=pool, limit=limit, cursor=cursor)
-    if as_json:
-        emit_json(page)
-        return
-    console.print(runs_table(page.items))
-    if page.next_cursor:
-        console.print(f"more: --cursor {page.next_cursor}")
 
 
 @runs.command("show")

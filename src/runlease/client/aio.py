@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
 
 from runlease.client.actions import AsyncActions
-from runlease.client.calls import Calls
+from runlease.client.calls import MAX_BATCH, Calls, chunks
 from runlease.client.errors import ApiError
 from runlease.client.schedules import AsyncSchedules
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
@@ -43,27 +44,52 @@ class AsyncClient(AsyncActions, AsyncSchedules):
                      priority: int | None = None, max_attempts: int | None = None,
                      budget: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None,
-                     tenant_id: str | None = None, backoff_base_s: int | None = None,
+                     tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
+                     run_at: datetime | str | None = None,
+                     delay_s: float | None = None, backoff_base_s: int | None = None,
                      backoff_cap_s: int | None = None,
                      non_retryable_codes: Sequence[str] | None = None) -> RunView:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = await self._http.post("/v1/runs", headers=headers,
                                          json=self._calls.submit_body(
                                              input, pool, priority, max_attempts, budget,
-                                             tenant_id, backoff_base_s=backoff_base_s,
+                                             tenant_id, labels, run_at, delay_s,
+                                             backoff_base_s=backoff_base_s,
                                              backoff_cap_s=backoff_cap_s,
                                              non_retryable_codes=None
                                              if non_retryable_codes is None
                                              else list(non_retryable_codes)))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
+    async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
+                          on_chunk: Callable[[int], None] | None = None) -> list[RunView]:
+        """As Client.submit_many: batches of `chunk`, each all or nothing, in order."""
+        out: list[RunView] = []
+        for part in chunks(runs, chunk):
+            data = await self._call("POST", "/v1/runs/batch",
+                                    json=self._calls.batch_body(part))
+            out += self._calls.batch(data)
+            if on_chunk is not None:
+                on_chunk(len(part))
+        return out
+
     async def get(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(await self._call("GET", f"/v1/runs/{run_id}"))
 
-    async def list(self, *, status: str | None = None, pool: str | None = None,
-                   limit: int = 50, cursor: str | None = None) -> RunPage:
-        return self._calls.page(await self._call(
-            "GET", "/v1/runs", params=self._calls.list_params(status, pool, limit, cursor)))
+    async def list(self, *, status: str | Sequence[str] | None = None, pool: str | None = None,
+                   limit: int = 50, cursor: str | None = None,
+                   label: Sequence[str] | Mapping[str, str] | None = None,
+                   created_after: datetime | None = None,
+                   created_before: datetime | None = None,
+                   finished_after: datetime | None = None,
+                   finished_before: datetime | None = None,
+                   idempotency_key: str | None = None, tenant: str | None = None) -> RunPage:
+        """As Client.list."""
+        return self._calls.page(await self._call("GET", "/v1/runs", params=self._calls
+                                                 .list_params(
+            status, pool, limit, cursor, label=label, created_after=created_after,
+            created_before=created_before, finished_after=finished_after,
+            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant)))
 
     async def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/cancel"))

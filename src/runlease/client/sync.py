@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
 
 from runlease.client.actions import SyncActions
-from runlease.client.calls import Calls
+from runlease.client.calls import MAX_BATCH, Calls, chunks
 from runlease.client.errors import ApiError
 from runlease.client.schedules import SyncSchedules
 from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
@@ -42,26 +43,50 @@ class Client(SyncActions, SyncSchedules):
     def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
                priority: int | None = None, max_attempts: int | None = None,
                budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
-               tenant_id: str | None = None, backoff_base_s: int | None = None,
-               backoff_cap_s: int | None = None,
+               tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
+               run_at: datetime | str | None = None, delay_s: float | None = None,
+               backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
                non_retryable_codes: Sequence[str] | None = None) -> RunView:
         """Enqueue a run; the backoff_* and non_retryable_codes arguments are
         its retry policy (left out: the defaults, 5 s doubling up to 300 s)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = self._http.post("/v1/runs", headers=headers, json=self._calls.submit_body(
-            input, pool, priority, max_attempts, budget, tenant_id,
+            input, pool, priority, max_attempts, budget, tenant_id, labels, run_at, delay_s,
             backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s,
             non_retryable_codes=None if non_retryable_codes is None
             else list(non_retryable_codes)))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
+    def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
+                    on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
+        """Submit runs in batches of `chunk` (at most 1,000), one request each,
+        each batch all or nothing; runs in the order given. Each run is a single
+        submit's body as a dict (`input`, `pool`, `labels`, `run_at`, ...) plus
+        its `idempotency_key`: with keys, a retry after a failure submits only
+        what is missing. `on_chunk(n)` is called after each batch with its size."""
+        out: builtins.list[RunView] = []
+        for part in chunks(runs, chunk):
+            data = self._call("POST", "/v1/runs/batch", json=self._calls.batch_body(part))
+            out += self._calls.batch(data)
+            if on_chunk is not None:
+                on_chunk(len(part))
+        return out
+
     def get(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(self._call("GET", f"/v1/runs/{run_id}"))
 
-    def list(self, *, status: str | None = None, pool: str | None = None, limit: int = 50,
-             cursor: str | None = None) -> RunPage:
+    def list(self, *, status: str | Sequence[str] | None = None, pool: str | None = None,
+             limit: int = 50, cursor: str | None = None,
+             label: Sequence[str] | Mapping[str, str] | None = None,
+             created_after: datetime | None = None, created_before: datetime | None = None,
+             finished_after: datetime | None = None, finished_before: datetime | None = None,
+             idempotency_key: str | None = None, tenant: str | None = None) -> RunPage:
+        """A page of runs, newest first, filtered (every filter given must match:
+        any of `status`, all of `label` as "key:value" or a dict)."""
         return self._calls.page(self._call("GET", "/v1/runs", params=self._calls.list_params(
-            status, pool, limit, cursor)))
+            status, pool, limit, cursor, label=label, created_after=created_after,
+            created_before=created_before, finished_after=finished_after,
+            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant)))
 
     def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(self._call("POST", f"/v1/runs/{run_id}/cancel"))

@@ -35,6 +35,7 @@ class RunView:
     cancel_requested_at: datetime | None = None
     finished_at: datetime | None = None
     lease: dict[str, Any] | None = None
+    labels: dict[str, str] = field(default_factory=dict)
     backoff_base_s: int | None = None
     backoff_cap_s: int | None = None
     non_retryable_codes: list[str] = field(default_factory=list)

@@ -55,6 +55,7 @@ class Run:
     error_code: str | None = None
     error_message: str | None = None
     finished_at: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
     # The run's retry policy (None: the defaults of core/backoff.py).
     backoff_base_s: int | None = None
     backoff_cap_s: int | None = None

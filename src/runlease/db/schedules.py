@@ -80,7 +80,8 @@ def new_run(tenant_id: str, template: Mapping[str, Any], key: str | None) -> New
                         tuple(codes) if (codes := template.get("non_retryable_codes"))
                         is not None else None)
     return NewRun(tenant_id, template.get("input", {}), template.get("priority", 0),
-                  template.get("max_attempts"), template.get("budget"), key, retry)
+                  template.get("max_attempts"), template.get("budget"), key,
+                  labels=template.get("labels"), retry=retry)
 
 
 def tick_key(schedule_id: UUID, tick: datetime) -> str:

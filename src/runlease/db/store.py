@@ -7,6 +7,7 @@ each concern, each beside its statements in `sql/`:
     runs.py       enqueue, read, cancel, redrive, reap, retention  (runs.sql)
     bulk.py       bulk cancel and redrive, re-prioritise           (run_bulk.sql)
     schedules.py  cron schedules and their due ticks               (schedules.sql)
+    run_search.py runs by filter (RunFilter), composed per filter
     leases.py     a worker's claim, heartbeat, ack, nack, fail...  (runs.sql)
     events.py     events and durable steps      (run_events.sql, run_steps.sql)
     pools.py      pools and per-tenant settings (pools.sql)
@@ -27,6 +28,7 @@ from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
+from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.schedules import ScheduleStore
 from runlease.db.stats import QueueStats, StatsStore
@@ -39,11 +41,12 @@ __all__ = [
     "NewRun",
     "QueueStats",
     "Rendered",
+    "RunFilter",
     "RunStore",
     "stale_writes",
 ]
 
 
-class RunStore(BulkStore, ScheduleStore, QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore,
-               StatsStore):
+class RunStore(BulkStore, ScheduleStore, QueueStore, SearchStore, LeaseStore, EventStore,
+               PoolStore, LeaderStore, StatsStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -92,6 +92,9 @@ CREATE TABLE agent_runs (
     -- claim's indexes until its time comes (runlease_claim promotes it), so
     -- runs waiting for minutes cost a claim nothing.
     delayed             boolean     NOT NULL DEFAULT false,
+    -- The run's labels, a string map (bounded in core/bounds.py); found
+    -- through agent_run_labels, never through an index here.
+    labels              jsonb       NOT NULL DEFAULT '{}'::jsonb,
     -- The run's retry policy (NULL: the built-in one, core/backoff.py): the
     -- delay after the n-th failed attempt is min(cap, base * 2^(n-1)), and a
     -- failure with one of non_retryable_codes is dead at once (run_nack).
@@ -164,6 +167,21 @@ CREATE TABLE agent_run_tenant_index (
     run_id    uuid NOT NULL,
     PRIMARY KEY (tenant_id, run_id)
 );
+
+-- A run's labels, one row each, written once at enqueue (labels never
+-- change): finding a tenant's runs by label is one range scan, newest first,
+-- instead of an index on agent_runs that every claim and ack would update.
+-- Deleted with the runs by the retention statements (no foreign key, as above).
+CREATE TABLE agent_run_labels (
+    tenant_id text NOT NULL,
+    key       text NOT NULL,
+    value     text NOT NULL,
+    run_id    uuid NOT NULL,
+    PRIMARY KEY (tenant_id, key, value, run_id)
+);
+
+-- Admins search a label across tenants.
+CREATE INDEX agent_run_labels_any_tenant_idx ON agent_run_labels (key, value, run_id);
 
 -- Events of a run, in order. seq is handed out under the run's row lock, so
 -- events become visible in seq order and a stream can resume after any seq.
