@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from runlease.client import AsyncClient, Client
-from runlease.db.bulk import BULK_BATCH, RunFilter
+from runlease.db.bulk import BULK_BATCH
+from runlease.db.run_search import RunFilter
 from runlease.db.store import NewRun, RunStore
 from tests.support.api import Api
 
@@ -102,10 +103,10 @@ async def test_by_filter_works_through_several_batches(live_store: RunStore) -> 
     n = BULK_BATCH * 2 + 7
     await live_store.enqueue_many("default", [NewRun("acme", {"n": i}) for i in range(n)])
     await live_store.enqueue("default", "globex", {})
-    counted = await live_store.bulk_action("cancel", by="test", tenant_id="acme",
-                                           where=RunFilter(), dry_run=True)
+    counted = await live_store.bulk_action("cancel", by="test",
+                                           where=RunFilter(tenant_id="acme"), dry_run=True)
     assert counted.matched == n
-    done = await live_store.bulk_action("cancel", by="test", tenant_id="acme", where=RunFilter())
+    done = await live_store.bulk_action("cancel", by="test", where=RunFilter(tenant_id="acme"))
     assert (done.matched, done.affected, len(done.ids)) == (n, n, 1000)
     assert (await live_store.list_runs(status="pending"))[0].tenant_id == "globex"
 
@@ -148,3 +149,21 @@ async def test_bulk_routes_are_in_the_openapi_document_with_examples(api: Api,
     assert body["properties"]["ids"]["type"] == "array"
     status = spec["components"]["schemas"]["RunFilterIn"]["properties"]["status"]
     assert status["examples"] == [["pending", "leased"]]
+
+
+async def test_cancel_every_run_of_a_broken_agent_version(api: Api,
+                                                         live_store: RunStore) -> None:
+    """The issue's on-call case: a label filter, tenant-scoped."""
+    await live_store.enqueue_many("default", [
+        NewRun("acme", {"n": i}, labels={"agent_version": "1.4.2" if i % 2 else "1.4.1"})
+        for i in range(6)])
+    await live_store.enqueue("default", "globex", {}, labels={"agent_version": "1.4.2"})
+    async with AsyncClient(api.url, api.token("acme")) as acme:
+        counted = await acme.bulk_cancel(label=["agent_version:1.4.2"], dry_run=True)
+        assert counted.matched == 3
+        done = await acme.bulk_cancel(label=["agent_version:1.4.2"], status=["pending"])
+    assert done.affected == 3
+    left = {(r.tenant_id, r.labels["agent_version"], r.status)
+            for r in await live_store.list_runs(limit=50)}
+    assert left == {("acme", "1.4.1", "pending"), ("acme", "1.4.2", "cancelled"),
+                    ("globex", "1.4.2", "pending")}

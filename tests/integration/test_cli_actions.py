@@ -40,6 +40,17 @@ async def test_cancel_by_filter_with_a_dry_run_first(api: Api, live_store: RunSt
     assert "not both" in mixed.output
 
 
+async def test_cancel_by_label(api: Api, live_store: RunStore) -> None:
+    await live_store.enqueue_many("default", [
+        NewRun("acme", {}, labels={"agent_version": v}) for v in ("1", "2", "2")])
+    dry = await as_json(api, "acme", "runs", "cancel", "--label", "agent_version:2",
+                        "--status", "pending", "--dry-run")
+    assert (dry["matched"], dry["affected"]) == (2, 0)
+    done = await invoke(api, "acme", "runs", "cancel", "--label", "agent_version:2")
+    assert done.exit_code == 0, done.output
+    assert "cancel: 2 of 2 runs" in done.output
+
+
 async def test_cancel_of_one_run_keeps_its_answer(api: Api, live_store: RunStore) -> None:
     queued = await live_store.enqueue("default", "acme", {})
     result = await invoke(api, "acme", "runs", "cancel", str(queued.run.id))

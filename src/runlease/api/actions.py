@@ -17,7 +17,8 @@ from runlease.api.auth import Principal
 from runlease.api.deps import JsonBody, Store, Who
 from runlease.api.errors import ApiError
 from runlease.api.schemas import ErrorBody, RunOut
-from runlease.db.bulk import Action, RunFilter
+from runlease.api.search import run_filter
+from runlease.db.bulk import Action
 
 router = APIRouter(prefix="/v1")
 
@@ -46,13 +47,16 @@ def scope_of(where: RunFilterIn | None, who: Principal) -> str | None:
 
 
 async def _bulk(action: Action, body: BulkIn, who: Principal, store: Store) -> BulkOut:
+    scope = scope_of(body.filter, who)
     where = None
-    if body.filter is not None:
-        where = RunFilter(statuses=None if body.filter.status is None
-                          else tuple(body.filter.status), pool=body.filter.pool)
-    result = await store.bulk_action(
-        action, by=actor(who), tenant_id=scope_of(body.filter, who), ids=body.ids,
-        where=where, dry_run=body.dry_run)
+    if (f := body.filter) is not None:
+        # The listing's filter, so a filter means the same runs in both.
+        where = run_filter(who, status=f.status, pool=f.pool, label=f.label,
+                           created_after=f.created_after, created_before=f.created_before,
+                           finished_after=f.finished_after, finished_before=f.finished_before,
+                           tenant=scope)
+    result = await store.bulk_action(action, by=actor(who), tenant_id=scope, ids=body.ids,
+                                     where=where, dry_run=body.dry_run)
     return BulkOut.of(result)
 
 

@@ -3,13 +3,14 @@ shows them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
 from runlease.api.schemas import POOL_PATTERN, Priority, Status, Strict, TenantId
-from runlease.core import bounds
+from runlease.api.search import LABEL_FILTER_MAX_CHARS, LABEL_FILTER_PATTERN
+from runlease.core import bounds, run_options
 from runlease.db.bulk import BULK_IDS_MAX, BULK_MAX_RUNS, REPORTED_IDS_MAX, BulkResult
 
 
@@ -24,12 +25,22 @@ def _ids_or_filter(schema: dict[str, Any]) -> None:
 
 
 class RunFilterIn(Strict):
-    """Which runs: every field given must match (left out: any)."""
+    """Which runs: every field given must match (left out: any), as the
+    listing's query parameters (`GET /v1/runs`) do."""
 
     status: list[Status] | None = Field(None, min_length=1, max_length=5,
                                         examples=[["pending", "leased"]])
     pool: str | None = Field(None, min_length=1, max_length=bounds.POOL_MAX_CHARS,
                              pattern=POOL_PATTERN, examples=["default"])
+    label: list[Annotated[str, StringConstraints(
+        min_length=3, max_length=LABEL_FILTER_MAX_CHARS, pattern=LABEL_FILTER_PATTERN)]] | None = (
+        Field(None, max_length=run_options.LABELS_MAX, description="`key:value` labels, all "
+                                                                  "must match.",
+              examples=[["agent_version:1.4.2"]]))
+    created_after: AwareDatetime | None = Field(None, examples=["2026-12-01T00:00:00Z"])
+    created_before: AwareDatetime | None = None
+    finished_after: AwareDatetime | None = None
+    finished_before: AwareDatetime | None = None
     tenant_id: TenantId | None = Field(
         None, description="Admin: only this tenant's runs. A tenant token's filter is "
                           "always its own tenant (another tenant's is refused with 403).")

@@ -23,6 +23,9 @@ def filter_options(command: F) -> F:
     wrapped = click.option("--tenant", "tenant_id",
                            help="Admin: only this tenant's runs.")(wrapped)
     wrapped = click.option("--pool", help="Only runs of this pool.")(wrapped)
+    wrapped = click.option("--label", "labels", multiple=True, metavar="KEY:VALUE",
+                           help="Only runs with this label (repeatable; all must "
+                                "match).")(wrapped)
     return click.option("--status", "statuses", multiple=True,  # type: ignore[no-any-return]
                         type=click.Choice(STATUSES),
                         help="Only runs in this status (repeatable).")(wrapped)
@@ -43,10 +46,10 @@ def _print_bulk(result: BulkView, as_json: bool) -> None:
 
 
 def _by_filter(run_ids: tuple[str, ...], statuses: tuple[str, ...], pool: str | None,
-               tenant_id: str | None, dry_run: bool) -> bool:
-    if run_ids and (statuses or pool or tenant_id):
-        raise click.UsageError("give run ids or filter options (--status, --pool, --tenant), "
-                               "not both")
+               tenant_id: str | None, dry_run: bool, labels: tuple[str, ...] = ()) -> bool:
+    if run_ids and (statuses or pool or tenant_id or labels):
+        raise click.UsageError("give run ids or filter options (--status, --pool, --label, "
+                               "--tenant), not both")
     return not (len(run_ids) == 1 and not dry_run)
 
 
@@ -55,11 +58,11 @@ def _by_filter(run_ids: tuple[str, ...], statuses: tuple[str, ...], pool: str | 
 @click.argument("run_ids", nargs=-1)
 @filter_options
 def cancel(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
-           statuses: tuple[str, ...], pool: str | None, tenant_id: str | None,
-           dry_run: bool) -> None:
-    """Stop a run (its tools too), or many: by ids, or by --status/--pool
-    (a filter with no option: every pending and leased run of yours)."""
-    if not _by_filter(run_ids, statuses, pool, tenant_id, dry_run):
+           statuses: tuple[str, ...], pool: str | None, labels: tuple[str, ...],
+           tenant_id: str | None, dry_run: bool) -> None:
+    """Stop a run (its tools too), or many: by ids, or by --status/--pool/
+    --label (a filter with no option: every pending and leased run of yours)."""
+    if not _by_filter(run_ids, statuses, pool, tenant_id, dry_run, labels):
         with client(api_url, token) as api:
             run = api.cancel(run_ids[0])
         if as_json:
@@ -70,7 +73,7 @@ def cancel(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
         return
     with client(api_url, token) as api:
         result = api.bulk_cancel(list(run_ids) or None, status=statuses or None, pool=pool,
-                                 tenant_id=tenant_id, dry_run=dry_run)
+                                 tenant_id=tenant_id, label=labels, dry_run=dry_run)
     _print_bulk(result, as_json)
 
 
@@ -79,14 +82,14 @@ def cancel(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
 @click.argument("run_ids", nargs=-1)
 @filter_options
 def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
-            statuses: tuple[str, ...], pool: str | None, tenant_id: str | None,
-            dry_run: bool) -> None:
+            statuses: tuple[str, ...], pool: str | None, labels: tuple[str, ...],
+            tenant_id: str | None, dry_run: bool) -> None:
     """Send dead runs back to the queue, attempts reset: by ids, or every
-    dead run matching --pool (and, for admins, --tenant)."""
-    _by_filter(run_ids, statuses, pool, tenant_id, dry_run)
+    dead run matching --pool/--label (and, for admins, --tenant)."""
+    _by_filter(run_ids, statuses, pool, tenant_id, dry_run, labels)
     with client(api_url, token) as api:
         result = api.bulk_redrive(list(run_ids) or None, status=statuses or None, pool=pool,
-                                  tenant_id=tenant_id, dry_run=dry_run)
+                                  tenant_id=tenant_id, label=labels, dry_run=dry_run)
     _print_bulk(result, as_json)
 
 

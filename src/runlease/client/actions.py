@@ -31,18 +31,17 @@ class BulkView:
 
 
 def bulk_body(ids: Sequence[UUID | str] | None, status: Sequence[str] | None,
-              pool: str | None, tenant_id: str | None, dry_run: bool) -> dict[str, Any]:
+              pool: str | None, tenant_id: str | None, dry_run: bool,
+              label: Sequence[str] | None = None) -> dict[str, Any]:
     """`ids`, or else a filter of the other arguments (an empty filter: every
-    run the action applies to)."""
+    run the action applies to). `label` items are `key:value`."""
     if ids is not None:
         return {"ids": [str(i) for i in ids], "dry_run": dry_run}
     where: dict[str, Any] = {}
-    if status:
-        where["status"] = list(status)
-    if pool:
-        where["pool"] = pool
-    if tenant_id:
-        where["tenant_id"] = tenant_id
+    for key, value in (("status", list(status or ())), ("pool", pool),
+                       ("tenant_id", tenant_id), ("label", list(label or ()))):
+        if value:
+            where[key] = value
     return {"filter": where, "dry_run": dry_run}
 
 
@@ -52,18 +51,20 @@ class SyncActions:
 
     def bulk_cancel(self, ids: Sequence[UUID | str] | None = None, *,
                     status: Sequence[str] | None = None, pool: str | None = None,
-                    tenant_id: str | None = None, dry_run: bool = False) -> BulkView:
+                    tenant_id: str | None = None, label: Sequence[str] | None = None,
+                    dry_run: bool = False) -> BulkView:
         """Cancel the runs named by `ids` (at most 1,000), or else those
         matching status/pool (and, for admins, tenant_id)."""
         return BulkView.from_json(self._call("POST", "/v1/runs/cancel", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run)))
+            ids, status, pool, tenant_id, dry_run, label)))
 
     def bulk_redrive(self, ids: Sequence[UUID | str] | None = None, *,
                      status: Sequence[str] | None = None, pool: str | None = None,
-                     tenant_id: str | None = None, dry_run: bool = False) -> BulkView:
+                     tenant_id: str | None = None, label: Sequence[str] | None = None,
+                     dry_run: bool = False) -> BulkView:
         """Redrive the dead runs named by `ids`, or else those matching."""
         return BulkView.from_json(self._call("POST", "/v1/runs/redrive", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run)))
+            ids, status, pool, tenant_id, dry_run, label)))
 
     def reprioritize(self, run_id: UUID | str, priority: int) -> RunView:
         """A pending run's new priority (within the tenant's band)."""
@@ -77,15 +78,17 @@ class AsyncActions:
 
     async def bulk_cancel(self, ids: Sequence[UUID | str] | None = None, *,
                           status: Sequence[str] | None = None, pool: str | None = None,
-                          tenant_id: str | None = None, dry_run: bool = False) -> BulkView:
+                          tenant_id: str | None = None, label: Sequence[str] | None = None,
+                          dry_run: bool = False) -> BulkView:
         return BulkView.from_json(await self._call("POST", "/v1/runs/cancel", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run)))
+            ids, status, pool, tenant_id, dry_run, label)))
 
     async def bulk_redrive(self, ids: Sequence[UUID | str] | None = None, *,
                            status: Sequence[str] | None = None, pool: str | None = None,
-                           tenant_id: str | None = None, dry_run: bool = False) -> BulkView:
+                           tenant_id: str | None = None, label: Sequence[str] | None = None,
+                           dry_run: bool = False) -> BulkView:
         return BulkView.from_json(await self._call("POST", "/v1/runs/redrive", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run)))
+            ids, status, pool, tenant_id, dry_run, label)))
 
     async def reprioritize(self, run_id: UUID | str, priority: int) -> RunView:
         return RunView.from_json(await self._call("PATCH", f"/v1/runs/{run_id}",

@@ -9,9 +9,11 @@ an audit event naming who asked and the operation's id."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 from uuid import UUID
+
+from psycopg import sql
 
 from runlease.core import bounds
 from runlease.core.ids import uuid7
@@ -19,6 +21,7 @@ from runlease.core.states import RunStatus
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
 from runlease.db.executor import Conn
 from runlease.db.models import Run
+from runlease.db.run_search import RunFilter, select_runs
 from runlease.db.runs import QueueStore
 from runlease.errors import InvalidTransition, ValidationError
 
@@ -36,14 +39,6 @@ _APPLIES_TO: dict[Action, frozenset[str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class RunFilter:
-    """Which runs a bulk action means (None: any)."""
-
-    statuses: tuple[str, ...] | None = None
-    pool: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class BulkResult:
     op_id: UUID
     action: Action
@@ -54,46 +49,47 @@ class BulkResult:
     truncated: bool  # stopped at BULK_MAX_RUNS: run it again for the rest
 
 
-def _statuses(action: Action, wanted: tuple[str, ...] | None) -> list[str]:
+def _statuses(action: Action, wanted: tuple[RunStatus, ...]) -> list[str]:
+    """The statuses the action applies to, narrowed by the filter's."""
     applies = _APPLIES_TO[action]
-    if wanted is None:
+    if not wanted:
         return sorted(applies)
-    for s in wanted:
-        try:
-            RunStatus(s)
-        except ValueError:
-            raise ValidationError("filter.status", f"unknown status {s!r}") from None
-    return sorted(applies.intersection(wanted))
+    return sorted(applies.intersection(RunStatus(s).value for s in wanted))
 
 
 class BulkStore(QueueStore):
     async def bulk_action(
-        self, action: Action, *, by: str, tenant_id: str | None,
+        self, action: Action, *, by: str, tenant_id: str | None = None,
         ids: Sequence[UUID] | None = None, where: RunFilter | None = None,
         dry_run: bool = False, conn: Conn | None = None,
     ) -> BulkResult:
         """Cancel (pending and leased runs) or redrive (dead runs) the runs
-        named by `ids` (at most BULK_IDS_MAX) or matched by `where`, within
-        `tenant_id` when given (a tenant's token always gives its own)."""
+        named by `ids` (at most BULK_IDS_MAX) within `tenant_id` when given,
+        or matched by `where` (the listing's filter, tenant-scoped by its
+        tenant_id: a tenant's token always gives its own)."""
         if (ids is None) == (where is None):
             raise ValidationError("ids", "give either ids or a filter, not both")
         if ids is not None and not 1 <= len(ids) <= BULK_IDS_MAX:
             raise ValidationError("ids", f"must name 1 to {BULK_IDS_MAX} runs, got {len(ids)}")
-        where = where or RunFilter()
-        if where.pool is not None:
-            bounds.check_pool(where.pool)
-        statuses = _statuses(action, where.statuses)
+        if where is not None:
+            where = where.validated()
+            tenant_id = where.tenant_id
+        statuses = _statuses(action, () if where is None else where.statuses)
         op_id = uuid7()
         matched = affected = 0
         changed: list[UUID] = []
         cursor: UUID | None = None
         truncated = False
         while statuses:
-            batch = [r["id"] for r in await self._rows(
-                "run_bulk_select" if tenant_id is None else "run_bulk_select_tenant",
-                {"tenant": tenant_id, "statuses": statuses, "pool": where.pool,
-                 "ids": None if ids is None else list(ids), "before": cursor,
-                 "limit": BULK_BATCH}, conn)]
+            if where is None:
+                batch = [r["id"] for r in await self._rows(
+                    "run_bulk_select" if tenant_id is None else "run_bulk_select_tenant",
+                    {"tenant": tenant_id, "statuses": statuses, "pool": None,
+                     "ids": list(ids or ()), "before": cursor, "limit": BULK_BATCH}, conn)]
+            else:
+                batch = await self._select_ids(
+                    replace(where, statuses=tuple(RunStatus(s) for s in statuses)), cursor,
+                    conn)
             if not batch:
                 break
             matched += len(batch)
@@ -108,6 +104,15 @@ class BulkStore(QueueStore):
                 truncated = True
                 break
         return BulkResult(op_id, action, dry_run, matched, affected, tuple(changed), truncated)
+
+    async def _select_ids(self, where: RunFilter, before: UUID | None,
+                          conn: Conn | None) -> list[UUID]:
+        """One batch of what the filter matches, as the listing finds it."""
+        query, params = select_runs(where, limit=BULK_BATCH, before=before,
+                                    columns=sql.SQL("r.id"))
+        async with self.connection(conn) as c, c.cursor() as cur:
+            await cur.execute(query, params)
+            return [r["id"] for r in await cur.fetchall()]
 
     async def _apply(self, action: Action, ids: list[UUID], tenant_id: str | None,
                      op_id: UUID, by: str, conn: Conn | None) -> list[UUID]:

@@ -4,31 +4,27 @@
 
 
 -- name: run_bulk_select
--- One batch of the ids a filter matches across tenants (admin), newest
--- first, after the cursor (the last id of the previous batch).
+-- One batch of the named runs (ids) the action applies to, across tenants
+-- (admin), newest first, after the cursor. A filter's batches come from
+-- run_search.select_runs instead, as the listing's.
 SELECT r.id
   FROM agent_runs r
- WHERE r.status = ANY (%(statuses)s::text[])
-   AND (%(pool)s::text IS NULL OR r.pool = %(pool)s::text)
-   AND (%(ids)s::uuid[] IS NULL OR r.id = ANY (%(ids)s::uuid[]))
+ WHERE r.id = ANY (%(ids)s::uuid[])
+   AND r.status = ANY (%(statuses)s::text[])
    AND (%(before)s::uuid IS NULL OR r.id < %(before)s::uuid)
  ORDER BY r.id DESC
  LIMIT %(limit)s;
 
 
 -- name: run_bulk_select_tenant
--- The same within one tenant, through the tenant's index rows: a tenant's
--- filter never reads, let alone touches, another tenant's runs.
-SELECT t.run_id AS id
-  FROM agent_run_tenant_index t
-  JOIN agent_runs r ON r.id = t.run_id
- WHERE t.tenant_id = %(tenant)s
+-- The same within one tenant: another tenant's ids match nothing.
+SELECT r.id
+  FROM agent_runs r
+ WHERE r.id = ANY (%(ids)s::uuid[])
    AND r.tenant_id = %(tenant)s
    AND r.status = ANY (%(statuses)s::text[])
-   AND (%(pool)s::text IS NULL OR r.pool = %(pool)s::text)
-   AND (%(ids)s::uuid[] IS NULL OR t.run_id = ANY (%(ids)s::uuid[]))
-   AND (%(before)s::uuid IS NULL OR t.run_id < %(before)s::uuid)
- ORDER BY t.run_id DESC
+   AND (%(before)s::uuid IS NULL OR r.id < %(before)s::uuid)
+ ORDER BY r.id DESC
  LIMIT %(limit)s;
 
 
