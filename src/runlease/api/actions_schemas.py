@@ -6,7 +6,15 @@ from __future__ import annotations
 from typing import Annotated, Any
 from uuid import UUID
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictBool, StringConstraints
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    field_validator,
+)
 
 from runlease.api.schemas import POOL_PATTERN, Priority, Status, Strict, TenantId
 from runlease.api.search import LABEL_FILTER_MAX_CHARS, LABEL_FILTER_PATTERN
@@ -56,6 +64,14 @@ class BulkIn(Strict):
                                    description=f"At most {BULK_IDS_MAX} run ids.")
     filter: RunFilterIn | None = None
     dry_run: StrictBool = False
+
+    @field_validator("ids", "filter", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        # Left out is fine; an explicit null is not what the document allows.
+        if value is None:
+            raise ValueError("must be left out, not null")
+        return value
 
 
 class BulkOut(BaseModel):

@@ -99,8 +99,21 @@ class BudgetIn(Strict):
                  | Annotated[StrictFloat, Field(gt=0, le=DEADLINE_S_MAX)] | None) = None
 
 
+def _one_start_rule(schema: dict[str, Any]) -> None:
+    # run_at and delay_s are each allowed, not both: the document says so
+    # (generic clients and schemathesis read it), and shows one whole body.
+    schema["not"] = {"required": ["run_at", "delay_s"],
+                     "properties": {"run_at": {"type": "string"},
+                                    "delay_s": {"type": "number"}}}
+    schema["examples"] = [{"input": {"prompt": "Summarise the incident report"},
+                           "labels": {"team": "search"}, "delay_s": 300,
+                           "non_retryable_codes": ["invalid_input"]}]
+
+
 class RunCreate(Strict):
     """A run to enqueue. Admin callers name the tenant; tenants may not."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_start_rule)
 
     input: dict[str, Any] = Field(description="The agent's input, a JSON object (no NUL "
                                               "character in any of its strings).",

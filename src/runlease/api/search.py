@@ -19,8 +19,11 @@ from runlease.core import bounds, run_options
 from runlease.core.states import RunStatus
 from runlease.db.run_search import RunFilter
 
+# key:value, the value bounded in the pattern itself (the parameter's own
+# length bound alone would let a short key carry an over-long value).
 LABEL_FILTER_PATTERN = (run_options.LABEL_KEY_PATTERN[:-1] + ":"
-                        + run_options.LABEL_VALUE_PATTERN[1:])
+                        + run_options.LABEL_VALUE_PATTERN[1:-2]
+                        + f"{{0,{run_options.LABEL_VALUE_MAX_CHARS}}}$")
 LABEL_FILTER_MAX_CHARS = run_options.LABEL_KEY_MAX_CHARS + 1 + run_options.LABEL_VALUE_MAX_CHARS
 
 StatusQ = Annotated[list[Status] | None, Query(
