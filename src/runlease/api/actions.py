@@ -15,7 +15,7 @@ from fastapi import APIRouter
 from runlease.api.actions_schemas import BulkIn, BulkOut, RunFilterIn, RunPatch
 from runlease.api.auth import Principal
 from runlease.api.deps import JsonBody, Store, Who
-from runlease.api.errors import ApiError
+from runlease.api.errors import ErrorAnswer
 from runlease.api.schemas import ErrorBody, RunOut
 from runlease.api.search import run_filter
 from runlease.db.bulk import Action
@@ -41,7 +41,7 @@ def scope_of(where: RunFilterIn | None, who: Principal) -> str | None:
     if who.admin:
         return wanted
     if wanted is not None and wanted != who.tenant_id:
-        raise ApiError(403, "forbidden", "filter.tenant_id: a tenant token acts on its own "
+        raise ErrorAnswer(403, "forbidden", "filter.tenant_id: a tenant token acts on its own "
                                          "tenant's runs only", "filter.tenant_id")
     return who.tenant_id
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from runlease import metrics
 from runlease.api.deps import JsonBody, Store, Waker, Who
-from runlease.api.errors import ApiError
+from runlease.api.errors import ErrorAnswer
 from runlease.api.routes import retry_policy, tenant_for
 from runlease.api.schemas import ErrorBody, RunCreate, RunOut
 from runlease.core import bounds
@@ -77,9 +77,9 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -
     for i, item in enumerate(body.runs):
         try:
             tenant = tenant_for(item.tenant_id, who)  # a 403 as for one submit
-        except ApiError as exc:
+        except ErrorAnswer as exc:
             field = f"runs[{i}].tenant_id"
-            raise ApiError(exc.status, exc.code, f"runs[{i}].{exc.message}", field) from None
+            raise ErrorAnswer(exc.status, exc.code, f"runs[{i}].{exc.message}", field) from None
         runs.append(NewRun(
             tenant, item.input, item.priority, item.max_attempts,
             None if item.budget is None else item.budget.model_dump(exclude_none=True),

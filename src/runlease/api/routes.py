@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from runlease import metrics
 from runlease.api.auth import Principal
 from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state, bearer
-from runlease.api.errors import ApiError, unauthorized
+from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
 from runlease.api.schemas import (
     POOL_PATTERN,
@@ -64,12 +64,12 @@ def tenant_for(tenant_id: str | None, who: Principal) -> str:
     is well formed, the token may not do this with it."""
     if who.admin:
         if tenant_id is None:
-            raise ApiError(403, "tenant_required",
+            raise ErrorAnswer(403, "tenant_required",
                            "tenant_id: an admin token has no tenant of its own; name the "
                            "run's tenant", "tenant_id")
         return tenant_id
     if tenant_id is not None and tenant_id != who.tenant_id:
-        raise ApiError(403, "forbidden", "tenant_id: a tenant token submits for its own "
+        raise ErrorAnswer(403, "forbidden", "tenant_id: a tenant token submits for its own "
                                          "tenant only", "tenant_id")
     assert who.tenant_id is not None
     return who.tenant_id
@@ -219,7 +219,7 @@ async def events(
     if who.scope is not None:  # admins are not capped
         slot = state.hub.admit(who.scope)
         if slot is None:
-            raise ApiError(429, "too_many_streams",
+            raise ErrorAnswer(429, "too_many_streams",
                            f"this tenant already holds {state.hub.max_per_tenant} open event "
                            "streams on this server; close one first",
                            headers={"Retry-After": "5"})

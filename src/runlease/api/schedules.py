@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field, JsonValue, StrictBool
 
 from runlease.api.deps import JsonBody, Store, Who
-from runlease.api.errors import ApiError
+from runlease.api.errors import ErrorAnswer
 from runlease.api.routes import tenant_for
 from runlease.api.schemas import (
     POOL_PATTERN,
@@ -164,7 +164,7 @@ async def create_schedule(body: ScheduleIn, who: Who, store: Store,
             body.template.model_dump(exclude_none=True), overlap=body.overlap,
             paused=body.paused)
     except ScheduleExists as exc:
-        raise ApiError(409, "schedule_exists", str(exc), "name") from None
+        raise ErrorAnswer(409, "schedule_exists", str(exc), "name") from None
     response.headers["Location"] = f"/v1/schedules/{schedule.id}"
     return ScheduleOut.of(schedule)
 
@@ -186,7 +186,7 @@ async def _one(action: Any) -> ScheduleOut:
     try:
         return ScheduleOut.of(await action)
     except ScheduleNotFound:
-        raise ApiError(404, "not_found", "schedule not found") from None
+        raise ErrorAnswer(404, "not_found", "schedule not found") from None
 
 
 @router.get("/schedules/{schedule_id}", response_model=ScheduleOut, responses=NOT_FOUND)
@@ -215,5 +215,5 @@ async def delete_schedule(schedule_id: UUID, who: Who, store: Store) -> Response
     try:
         await store.delete_schedule(schedule_id, tenant_id=who.scope)
     except ScheduleNotFound:
-        raise ApiError(404, "not_found", "schedule not found") from None
+        raise ErrorAnswer(404, "not_found", "schedule not found") from None
     return Response(status_code=204)

@@ -1,10 +1,13 @@
 """The `runlease` command: server commands (server.py) and the HTTP API's
-client commands (client.py), under one group."""
+client commands (runs.py, dead.py, pools.py, sharing terminal.py), under one
+group."""
 
 from __future__ import annotations
 
 from runlease.cli import actions, run_commands
-from runlease.cli.client import dead, pools, runs
+from runlease.cli.dead import dead
+from runlease.cli.pools import pools
+from runlease.cli.runs import runs
 from runlease.cli.schedules import schedules
 from runlease.cli.server import api, main, operator, run, worker
 

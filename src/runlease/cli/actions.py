@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 import click
 
-from runlease.cli import client as base  # base.console: --wide rebinds it
-from runlease.cli.client import api_options, client, emit_json, runs
+from runlease.cli.runs import runs
+from runlease.cli.terminal import api_options, client, emit_json, out
 from runlease.client import BulkView
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,13 +36,13 @@ def _print_bulk(result: BulkView, as_json: bool) -> None:
         emit_json(result)
         return
     if result.dry_run:
-        base.console.print(f"dry run: {result.matched} runs would be {result.action}ed"
+        out(f"dry run: {result.matched} runs would be {result.action}ed"
                       .replace("cancele", "cancelle"))
         return
-    base.console.print(f"{result.action}: {result.affected} of {result.matched} runs "
+    out(f"{result.action}: {result.affected} of {result.matched} runs "
                   f"(operation {result.op_id})")
     if result.truncated:
-        base.console.print("stopped at the bound of one request: run it again for the rest")
+        out("stopped at the bound of one request: run it again for the rest")
 
 
 def _by_filter(run_ids: tuple[str, ...], statuses: tuple[str, ...], pool: str | None,
@@ -69,7 +69,7 @@ def cancel(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
             emit_json(run)
         else:
             state = "cancel requested" if run.status == "leased" else run.status
-            base.console.print(f"{run.id}: {state}")
+            out(f"{run.id}: {state}")
         return
     with client(api_url, token) as api:
         result = api.bulk_cancel(list(run_ids) or None, status=statuses or None, pool=pool,
@@ -105,4 +105,4 @@ def reprioritize(api_url: str, token: str, as_json: bool, run_id: str, priority:
     if as_json:
         emit_json(run)
     else:
-        base.console.print(f"{run.id}: priority {run.priority}")
+        out(f"{run.id}: priority {run.priority}")

@@ -11,9 +11,10 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runlease.cli import client as base
-from runlease.cli.client import api_options, client, emit_json, runs, runs_table
+from runlease.cli import terminal
 from runlease.cli.retry import retry_kwargs, retry_options
+from runlease.cli.runs import runs
+from runlease.cli.terminal import api_options, client, emit_json, out, runs_table
 from runlease.core.states import RunStatus
 
 BATCH = 1000
@@ -106,7 +107,7 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
     if as_json:
         emit_json(run)
     else:
-        base.console.print(f"{'submitted' if run.created else 'already submitted'}: {run.id} "
+        out(f"{'submitted' if run.created else 'already submitted'}: {run.id} "
                            f"({run.status})")
 
 
@@ -118,7 +119,7 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
                                       if labels else {})} for run in _jsonl(path)]
     created = existing = 0
     with Progress(TextColumn("submitting"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=base.console, transient=as_json,
+                  TimeElapsedColumn(), console=terminal.console, transient=as_json,
                   disable=as_json) as bar, client(api_url, token) as api:
         task = bar.add_task("runs", total=len(runs_in))
         done = []
@@ -131,7 +132,7 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
     if as_json:
         emit_json([{"id": str(r.id), "created": r.created} for r in done])
     else:
-        base.console.print(f"submitted {created} runs"
+        out(f"submitted {created} runs"
                            + (f", {existing} already submitted" if existing else ""))
 
 
@@ -166,6 +167,6 @@ def list_runs(api_url: str, token: str, as_json: bool, statuses: tuple[str, ...]
     if as_json:
         emit_json(page)
         return
-    base.console.print(runs_table(page.items))
+    out(runs_table(page.items))
     if page.next_cursor:
-        base.console.print(f"more: --cursor {page.next_cursor}")
+        out(f"more: --cursor {page.next_cursor}")

@@ -9,9 +9,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from runlease.cli import client as base  # base.console: --wide rebinds it
-from runlease.cli.client import api_options, client, emit_json
 from runlease.cli.retry import retry_kwargs, retry_options
+from runlease.cli.terminal import api_options, client, emit_json, out
 from runlease.client import ScheduleView
 
 
@@ -38,7 +37,7 @@ def _show(schedule: ScheduleView, as_json: bool, verb: str) -> None:
         emit_json(schedule)
         return
     state = "paused" if schedule.paused else f"next tick {schedule.next_tick_at.isoformat()}"
-    base.console.print(f"{verb}: {schedule.name} {schedule.id} ({state})")
+    out(f"{verb}: {schedule.name} {schedule.id} ({state})")
 
 
 @schedules.command("create")
@@ -92,9 +91,9 @@ def list_schedules(api_url: str, token: str, as_json: bool, limit: int,
     if as_json:
         emit_json(page)
         return
-    base.console.print(_table(page.items))
+    out(_table(page.items))
     if page.next_cursor:
-        base.console.print(f"more: --cursor {json.dumps(page.next_cursor)}")
+        out(f"more: --cursor {json.dumps(page.next_cursor)}")
 
 
 @schedules.command("show")
@@ -107,8 +106,8 @@ def show(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
     if as_json:
         emit_json(schedule)
         return
-    base.console.print(_table([schedule]))
-    base.console.print(f"template: {json.dumps(schedule.template)}")
+    out(_table([schedule]))
+    out(f"template: {json.dumps(schedule.template)}")
 
 
 @schedules.command("pause")
@@ -139,4 +138,4 @@ def delete(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
     if as_json:
         emit_json({"deleted": schedule_id})
     else:
-        base.console.print(f"deleted: {schedule_id}")
+        out(f"deleted: {schedule_id}")

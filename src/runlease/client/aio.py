@@ -1,9 +1,10 @@
-"""The asynchronous client, for agent platforms running on asyncio."""
+"""The asynchronous client, for agent platforms running on asyncio: sends the
+calls `calls.py` declares."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import builtins
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Self
@@ -12,10 +13,10 @@ from uuid import UUID
 import httpx
 
 from runlease.client.actions import AsyncActions
-from runlease.client.calls import MAX_BATCH, Calls, chunks
+from runlease.client.calls import MAX_BATCH, Call, Calls, T, Waiting, check, chunks
 from runlease.client.errors import ApiError
 from runlease.client.schedules import AsyncSchedules
-from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
+from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
@@ -25,8 +26,7 @@ class AsyncClient(AsyncActions, AsyncSchedules):
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._calls = Calls(api_url, token)
-        self._http = httpx.AsyncClient(base_url=self._calls.base, headers=self._calls.headers,
-                                       timeout=timeout_s, transport=transport)
+        self._http = httpx.AsyncClient(**self._calls.http_options(timeout_s, transport))
 
     async def __aenter__(self) -> Self:
         return self
@@ -37,109 +37,102 @@ class AsyncClient(AsyncActions, AsyncSchedules):
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    async def _send(self, call: Call[T]) -> T:
+        return call.read(await self._http.send(call.request(self._http)))
+
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._calls.check(await self._http.request(method, path, **kwargs))
+        """A request by method and path; its JSON answer (the mixins' calls)."""
+        return check(await self._http.request(method, path, **kwargs))
 
     async def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
                      priority: int | None = None, max_attempts: int | None = None,
-                     budget: Mapping[str, Any] | None = None,
-                     idempotency_key: str | None = None,
+                     budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
                      tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
-                     run_at: datetime | str | None = None,
-                     delay_s: float | None = None, backoff_base_s: int | None = None,
-                     backoff_cap_s: int | None = None,
+                     run_at: datetime | str | None = None, delay_s: float | None = None,
+                     backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
                      non_retryable_codes: Sequence[str] | None = None) -> RunView:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = await self._http.post("/v1/runs", headers=headers,
-                                         json=self._calls.submit_body(
-                                             input, pool, priority, max_attempts, budget,
-                                             tenant_id, labels, run_at, delay_s,
-                                             backoff_base_s=backoff_base_s,
-                                             backoff_cap_s=backoff_cap_s,
-                                             non_retryable_codes=None
-                                             if non_retryable_codes is None
-                                             else list(non_retryable_codes)))
-        return RunView.from_json(self._calls.check(response), response.status_code == 201)
+        """Enqueue a run; the backoff_* and non_retryable_codes arguments are
+        its retry policy (left out: the defaults, 5 s doubling up to 300 s)."""
+        return await self._send(self._calls.submit(
+            input, pool, priority, max_attempts, budget, idempotency_key, tenant_id,
+            labels=labels, run_at=run_at, delay_s=delay_s, backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            non_retryable_codes=None if non_retryable_codes is None
+            else builtins.list(non_retryable_codes)))
 
     async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
-                          on_chunk: Callable[[int], None] | None = None) -> list[RunView]:
-        """As Client.submit_many: batches of `chunk`, each all or nothing, in order."""
-        out: list[RunView] = []
+                          on_chunk: Callable[[int], None] | None = None
+                          ) -> builtins.list[RunView]:
+        """Submit runs in batches of `chunk` (at most 1,000), one request each,
+        each batch all or nothing; runs in the order given. Each run is a single
+        submit's body as a dict (`input`, `pool`, `labels`, `run_at`, ...) plus
+        its `idempotency_key`: with keys, a retry after a failure submits only
+        what is missing. `on_chunk(n)` is called after each batch with its size."""
+        out: builtins.list[RunView] = []
         for part in chunks(runs, chunk):
-            data = await self._call("POST", "/v1/runs/batch",
-                                    json=self._calls.batch_body(part))
+            data = await self._call("POST", "/v1/runs/batch", json=self._calls.batch_body(part))
             out += self._calls.batch(data)
             if on_chunk is not None:
                 on_chunk(len(part))
         return out
 
     async def get(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(await self._call("GET", f"/v1/runs/{run_id}"))
+        return await self._send(self._calls.get(run_id))
 
     async def list(self, *, status: str | Sequence[str] | None = None, pool: str | None = None,
                    limit: int = 50, cursor: str | None = None,
                    label: Sequence[str] | Mapping[str, str] | None = None,
-                   created_after: datetime | None = None,
-                   created_before: datetime | None = None,
+                   created_after: datetime | None = None, created_before: datetime | None = None,
                    finished_after: datetime | None = None,
                    finished_before: datetime | None = None,
                    idempotency_key: str | None = None, tenant: str | None = None) -> RunPage:
-        """As Client.list."""
-        return self._calls.page(await self._call("GET", "/v1/runs", params=self._calls
-                                                 .list_params(
+        """A page of runs, newest first, filtered (every filter given must match:
+        any of `status`, all of `label` as "key:value" or a dict)."""
+        return await self._send(self._calls.list(
             status, pool, limit, cursor, label=label, created_after=created_after,
             created_before=created_before, finished_after=finished_after,
-            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant)))
+            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant))
 
     async def cancel(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/cancel"))
+        return await self._send(self._calls.cancel(run_id))
 
     async def steps(self, run_id: UUID | str, *, limit: int = 20,
                     cursor: str | None = None) -> StepPage:
         """A page of the run's committed steps, in step-key order."""
-        return self._calls.step_page(await self._call(
-            "GET", f"/v1/runs/{run_id}/steps", params=self._calls.steps_params(limit, cursor)))
+        return await self._send(self._calls.steps(run_id, limit, cursor))
 
     async def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
-        deadline, delay = time.monotonic() + timeout_s, 0.1
+        waiting = Waiting(run_id, timeout_s)
         while True:
             run = await self.get(run_id)
             if run.finished:
                 return run
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} still {run.status} after {timeout_s} s")
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 1.5)
+            await asyncio.sleep(waiting.next_delay(run))
 
     async def events(self, run_id: UUID | str, *, after: int = 0,
                      max_reconnects: int | None = None,
                      read_timeout_s: float = 60.0) -> AsyncIterator[StreamEvent | RunEnded]:
         resume = Resume(run_id, after, max_reconnects)
         while True:
-            parser = SseParser()
             error: Exception | None = None
             try:
-                async with self._http.stream(
-                        "GET", f"/v1/runs/{run_id}/events",
-                        headers=self._calls.stream_headers(resume.after),
-                        timeout=httpx.Timeout(10.0, read=read_timeout_s)) as r:
+                async with self._http.stream(**self._calls.events(run_id, resume.after,
+                                                                  read_timeout_s)) as r:
                     if r.status_code >= 400:
                         await r.aread()
-                        self._calls.check(r)
+                        check(r)
                     async for line in r.aiter_lines():
-                        item = parser.feed(line)
-                        if item is not None:
+                        for item in resume.take(line):
                             yield item
-                            if resume.seen(item):
-                                return
+                        if resume.ended:
+                            return
             except (httpx.TransportError, ApiError) as exc:
                 error = exc
             await asyncio.sleep(resume.dropped(error))
 
     async def dead_letters(self, *, pool: str | None = None, limit: int = 50,
                            cursor: str | None = None) -> RunPage:
-        return self._calls.page(await self._call(
-            "GET", "/v1/dead-letters", params=self._calls.list_params(None, pool, limit, cursor)))
+        return await self._send(self._calls.dead_letters(pool, limit, cursor))
 
     async def redrive(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/redrive"))
+        return await self._send(self._calls.redrive(run_id))

@@ -13,6 +13,7 @@ each concern, each beside its statements in `sql/`:
     pools.py      pools and per-tenant settings (pools.sql)
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
+    workers.py    the workers registry          (workers.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -32,6 +33,7 @@ from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.schedules import ScheduleStore
 from runlease.db.stats import QueueStats, StatsStore
+from runlease.db.workers import Registration, WorkerRow, WorkerStore
 
 __all__ = [
     "MAX_BATCH",
@@ -40,13 +42,15 @@ __all__ = [
     "Conn",
     "NewRun",
     "QueueStats",
+    "Registration",
     "Rendered",
     "RunFilter",
     "RunStore",
+    "WorkerRow",
     "stale_writes",
 ]
 
 
 class RunStore(BulkStore, ScheduleStore, QueueStore, SearchStore, LeaseStore, EventStore,
-               PoolStore, LeaderStore, StatsStore):
+               PoolStore, LeaderStore, StatsStore, WorkerStore):
     """Every store in one: what the worker, API, operator and services hold."""
