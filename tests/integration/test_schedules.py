@@ -225,7 +225,7 @@ async def test_schedules_through_the_api_are_tenant_scoped(api: Api) -> None:
                ({"name": "Bad Name", "cron": "* * * * *", "template": {"input": {}}}, "acme",
                 422),
                ({"name": "x", "cron": "* * * * *", "template": {"input": {}, "pool": "nope"}},
-                "acme", 422),
+                "acme", 404),
                ({"name": "x", "cron": "* * * * *", "template": {}}, "acme", 422),
                ({"name": "x", "cron": "* * * * *", "template": {"input": {}}}, "admin", 403),
                ({"name": "x", "cron": "* * * * *", "template": {"input": {}},

@@ -7,6 +7,8 @@ description and refused by the server with a 422 that names the field.
   cannot store one), at any depth: a schema would need a recursive
   definition, which generators do not follow.
 - A priority band has `min` <= `max`: a rule between two fields.
+- A run's `run_at` is at most 366 days ahead (of now, which a schema
+  cannot name).
 - A schedule's cron expression names a time that exists (the schema gives
   each field's grammar and range; `0 0 31 2 *` fits them and never ticks),
   and its ranges run low to high.
@@ -14,6 +16,7 @@ description and refused by the server with a 422 that names the field.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import schemathesis
@@ -41,6 +44,20 @@ def _inverted_band(body: dict[str, Any]) -> bool:
                for b in bands.values())
 
 
+def _far_run_at(body: dict[str, Any]) -> bool:
+    items = body.get("runs") if isinstance(body.get("runs"), list) else [body]
+    for item in items:
+        at = item.get("run_at") if isinstance(item, dict) else None
+        if isinstance(at, str):
+            try:
+                when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            if when.tzinfo is not None and when > datetime.now(UTC) + timedelta(days=365):
+                return True
+    return False
+
+
 def _bad_cron(body: dict[str, Any]) -> bool:
     cron, zone = body.get("cron"), body.get("timezone", "UTC")
     if not isinstance(cron, str) or not isinstance(zone, str):
@@ -57,4 +74,4 @@ def filter_body(ctx: Any, body: Any) -> bool:
     if not isinstance(body, dict):
         return True
     return not (_has_nul(body) or _inverted_band(body)
-                or _bad_cron(body))
+                or _bad_cron(body) or _far_run_at(body))

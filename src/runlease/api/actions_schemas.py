@@ -9,6 +9,7 @@ from uuid import UUID
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -16,10 +17,20 @@ from pydantic import (
     field_validator,
 )
 
-from runlease.api.schemas import POOL_PATTERN, Priority, Status, Strict, TenantId
+from runlease.api.schemas import (
+    POOL_PATTERN,
+    Priority,
+    Status,
+    Strict,
+    TenantId,
+    not_a_number,
+)
 from runlease.api.search import LABEL_FILTER_MAX_CHARS, LABEL_FILTER_PATTERN
 from runlease.core import bounds, run_options
 from runlease.db.bulk import BULK_IDS_MAX, BULK_MAX_RUNS, REPORTED_IDS_MAX, BulkResult
+
+# RFC 3339 only, as the listing's query parameters (not a number read as Unix time).
+Time = Annotated[AwareDatetime, BeforeValidator(not_a_number)]
 
 
 def _ids_or_filter(schema: dict[str, Any]) -> None:
@@ -45,10 +56,10 @@ class RunFilterIn(Strict):
         Field(None, max_length=run_options.LABELS_MAX, description="`key:value` labels, all "
                                                                   "must match.",
               examples=[["agent_version:1.4.2"]]))
-    created_after: AwareDatetime | None = Field(None, examples=["2026-12-01T00:00:00Z"])
-    created_before: AwareDatetime | None = None
-    finished_after: AwareDatetime | None = None
-    finished_before: AwareDatetime | None = None
+    created_after: Time | None = Field(None, examples=["2026-12-01T00:00:00Z"])
+    created_before: Time | None = None
+    finished_after: Time | None = None
+    finished_before: Time | None = None
     tenant_id: TenantId | None = Field(
         None, description="Admin: only this tenant's runs. A tenant token's filter is "
                           "always its own tenant (another tenant's is refused with 403).")

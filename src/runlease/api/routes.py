@@ -119,7 +119,10 @@ async def submit(
                     headers={"Location": f"/v1/runs/{result.run.id}"})
 
 
-@router.get("/runs", response_model=RunPage)
+@router.get("/runs", response_model=RunPage,
+            responses={403: {"model": ErrorBody,
+                             "description": "`tenant` names another tenant than the "
+                                            "token's."}})
 async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ = None,
                     label: LabelQ = None, created_after: TimeQ = None,
                     created_before: TimeQ = None, finished_after: TimeQ = None,

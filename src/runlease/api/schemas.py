@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 from uuid import UUID
@@ -99,6 +100,27 @@ class BudgetIn(Strict):
                  | Annotated[StrictFloat, Field(gt=0, le=DEADLINE_S_MAX)] | None) = None
 
 
+def not_a_number(value: object) -> object:
+    """pydantic would read a number (`1700000000`) as a Unix time; the document
+    says RFC 3339, so only that is taken."""
+    if isinstance(value, int | float) or (
+            isinstance(value, str) and re.fullmatch(r"\s*[-+]?[0-9.eE+-]+\s*", value)):
+        raise ValueError("an RFC 3339 time with its offset, not a number")
+    return value
+
+
+def _label_keys(schema: dict[str, Any]) -> None:
+    # pydantic writes a constrained key as patternProperties, which leaves
+    # keys that do not match unconstrained: say that every key must match.
+    for option in schema.get("anyOf", [schema]):
+        values = option.pop("patternProperties", None)
+        if values:
+            option["additionalProperties"] = next(iter(values.values()))
+            option["propertyNames"] = {"minLength": 1,
+                                       "maxLength": run_options.LABEL_KEY_MAX_CHARS,
+                                       "pattern": run_options.LABEL_KEY_PATTERN}
+
+
 def _one_start_rule(schema: dict[str, Any]) -> None:
     # run_at and delay_s are each allowed, not both: the document says so
     # (generic clients and schemathesis read it), and shows one whole body.
@@ -147,8 +169,9 @@ class RunCreate(Strict):
                     f"1-{run_options.LABEL_KEY_MAX_CHARS} characters, values at most "
                     f"{run_options.LABEL_VALUE_MAX_CHARS}) to find runs by "
                     "(`GET /v1/runs?label=key:value`).",
-        examples=[{"team": "search", "suite": "nightly-eval"}])
-    run_at: AwareDatetime | None = Field(
+        examples=[{"team": "search", "suite": "nightly-eval"}],
+        json_schema_extra=_label_keys)
+    run_at: Annotated[AwareDatetime, BeforeValidator(not_a_number)] | None = Field(
         None, description="Not before this time (RFC 3339 with its offset; at most a year "
                           "ahead; a past time means now). Not with `delay_s`.",
         examples=["2026-12-01T09:00:00Z"])

@@ -27,7 +27,13 @@ from runlease.core.states import TERMINAL
 from runlease.db.executor import Conn
 from runlease.db.models import _pick
 from runlease.db.runs import NewRun, QueueStore
-from runlease.errors import IdempotencyConflict, RunleaseError, RunNotFound, ValidationError
+from runlease.errors import (
+    IdempotencyConflict,
+    RunleaseError,
+    RunNotFound,
+    UnknownPool,
+    ValidationError,
+)
 
 SCHEDULES_PER_TENANT_MAX = 100
 SCHEDULE_NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
@@ -116,7 +122,7 @@ class ScheduleStore(QueueStore):
         text = bounds.json_text("template", dict(template), self.max_input_bytes)
         async with self.connection(conn) as c, c.transaction():
             if not await self._rows("pool_get", {"name": pool}, c):
-                raise ValidationError("template.pool", f"unknown pool {pool!r}")
+                raise UnknownPool(pool)  # a 404, as for a submit
             (clock,) = await self._rows("schedule_lock_tenant", {"tenant": tenant_id}, c)
             rows = await self._rows("schedule_create", {
                 "id": uuid7(), "tenant": tenant_id, "name": name, "cron": cron.expr,
