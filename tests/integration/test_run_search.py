@@ -220,6 +220,7 @@ AT = datetime.now(UTC) - timedelta(seconds=N_RUNS // 2)
 FILTERS = {
     "tenant": RunFilter(tenant_id=T),
     "status": RunFilter(tenant_id=T, statuses=(RunStatus.PENDING, RunStatus.LEASED)),
+    "dead": RunFilter(tenant_id=T, statuses=(RunStatus.DEAD,)),
     "pool": RunFilter(tenant_id=T, pool="default"),
     "label": RunFilter(tenant_id=T, labels=(("team", "team-7"),)),
     "labels": RunFilter(tenant_id=T, labels=(("team", "team-7"), ("case", "107"))),
@@ -255,3 +256,17 @@ def test_without_the_label_index_the_label_filter_would_scan(many_runs: str) -> 
         text = conn.execute(sql.SQL("EXPLAIN ") + query, params).fetchall()
         conn.rollback()
     assert "Seq Scan on agent_run_labels" in "\n".join(r[0] for r in text)
+
+
+async def test_retention_deletes_a_runs_labels_with_it(store: RunStore, clock: Any,
+                                                       db_url: str) -> None:
+    kept = await store.enqueue("default", "acme", {}, labels={"team": "a"})
+    gone = await store.enqueue("default", "acme", {}, labels={"team": "a", "x": "y"})
+    await store.request_cancel(gone.run.id)
+    clock.advance(60)
+    assert await store.delete_finished(30) == 1
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT run_id FROM agent_run_labels").fetchall()
+    assert rows == [(kept.run.id,)]
+    assert [r.id for r in await store.search(RunFilter(tenant_id="acme",
+                                                       labels=(("team", "a"),)))] == [kept.run.id]

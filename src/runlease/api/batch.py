@@ -40,10 +40,13 @@ class RunBatchIn(BaseModel):
 
 
 class BatchItemError(BaseModel):
-    index: int = Field(description="The refused item's place in `runs`, from 0.")
+    index: int = Field(description="The refused item's place in `runs`, from 0.",
+                       examples=[1])
     code: str = Field(examples=["invalid_request", "unknown_pool", "idempotency_conflict"])
-    field: str | None = None
-    message: str
+    field: str | None = Field(None, description="The item's field at fault.",
+                              examples=["priority"])
+    message: str = Field(examples=["priority: must be between -10 and 10 for tenant 'acme' "
+                                   "in pool 'default' (the band an admin set), got 90"])
 
 
 class BatchErrorBody(ErrorBody):

@@ -42,7 +42,8 @@ TimeQ = Annotated[AwareDatetime | None, BeforeValidator(not_a_number), Query(
 KeyQ = Annotated[str | None, Query(min_length=1, max_length=bounds.KEY_MAX_CHARS,
                                    pattern=r"^[^\x00-\x20\x7f]+$",
                                    description="The run submitted with this Idempotency-Key "
-                                               "(admins: with `tenant`).")]
+                                               "(admins: with `tenant`).",
+                                   examples=["nightly-1"])]
 TenantQ = Annotated[str | None, Query(min_length=1, max_length=bounds.TENANT_MAX_CHARS,
                                       pattern=r"^[^\x00-\x20\x7f]+$",
                                       description="Admin: one tenant's runs. A tenant token "

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from runlease.cli import terminal
 from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.cli.runs import runs
-from runlease.cli.terminal import api_options, client, emit_json, out, runs_table
+from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
 from runlease.core.states import RunStatus
 
 BATCH = 1000
@@ -107,8 +107,7 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
     if as_json:
         emit_json(run)
     else:
-        out(f"{'submitted' if run.created else 'already submitted'}: {run.id} "
-                           f"({run.status})")
+        out(f"{'submitted' if run.created else 'already submitted'}: {run.id} ({run.status})")
 
 
 def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str | None,
@@ -132,8 +131,7 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
     if as_json:
         emit_json([{"id": str(r.id), "created": r.created} for r in done])
     else:
-        out(f"submitted {created} runs"
-                           + (f", {existing} already submitted" if existing else ""))
+        out(f"submitted {created} runs" + (f", {existing} already submitted" if existing else ""))
 
 
 @runs.command("list")
@@ -164,9 +162,4 @@ def list_runs(api_url: str, token: str, as_json: bool, statuses: tuple[str, ...]
                         created_before=_time(created_before, "--created-before"),
                         finished_after=_time(finished_after, "--finished-after"),
                         finished_before=_time(finished_before, "--finished-before"))
-    if as_json:
-        emit_json(page)
-        return
-    out(runs_table(page.items))
-    if page.next_cursor:
-        out(f"more: --cursor {page.next_cursor}")
+    page_out(page, as_json, runs_table)

@@ -45,47 +45,47 @@ class AsyncClient(AsyncActions, AsyncSchedules):
         return check(await self._http.request(method, path, **kwargs))
 
     async def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
-                     priority: int | None = None, max_attempts: int | None = None,
-                     budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
-                     tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
-                     run_at: datetime | str | None = None, delay_s: float | None = None,
-                     backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
-                     non_retryable_codes: Sequence[str] | None = None) -> RunView:
-        """Enqueue a run; the backoff_* and non_retryable_codes arguments are
-        its retry policy (left out: the defaults, 5 s doubling up to 300 s)."""
-        return await self._send(self._calls.submit(
-            input, pool, priority, max_attempts, budget, idempotency_key, tenant_id,
-            labels=labels, run_at=run_at, delay_s=delay_s, backoff_base_s=backoff_base_s,
-            backoff_cap_s=backoff_cap_s,
-            non_retryable_codes=None if non_retryable_codes is None
-            else builtins.list(non_retryable_codes)))
+               priority: int | None = None, max_attempts: int | None = None,
+               budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
+               tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
+               run_at: datetime | str | None = None, delay_s: float | None = None,
+               backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
+               non_retryable_codes: Sequence[str] | None = None) -> RunView:
+        """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
+        later; backoff_* and non_retryable_codes its retry policy (left out: 5 s
+        doubling up to 300 s, every error retried)."""
+        return await self._send(self._calls.submit(input, pool, priority, max_attempts, budget,
+                                             idempotency_key, tenant_id, labels, run_at,
+                                             delay_s, backoff_base_s=backoff_base_s,
+                                             backoff_cap_s=backoff_cap_s,
+                                             non_retryable_codes=None
+                                             if non_retryable_codes is None
+                                             else [*non_retryable_codes]))
 
     async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
-                          on_chunk: Callable[[int], None] | None = None
-                          ) -> builtins.list[RunView]:
+                    on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
         """Submit runs in batches of `chunk` (at most 1,000), one request each,
         each batch all or nothing; runs in the order given. Each run is a single
         submit's body as a dict (`input`, `pool`, `labels`, `run_at`, ...) plus
         its `idempotency_key`: with keys, a retry after a failure submits only
         what is missing. `on_chunk(n)` is called after each batch with its size."""
-        out: builtins.list[RunView] = []
+        made: builtins.list[RunView] = []
         for part in chunks(runs, chunk):
-            data = await self._call("POST", "/v1/runs/batch", json=self._calls.batch_body(part))
-            out += self._calls.batch(data)
+            batch: builtins.list[RunView] = await self._send(self._calls.submit_batch(part))
+            made += batch
             if on_chunk is not None:
                 on_chunk(len(part))
-        return out
+        return made
 
     async def get(self, run_id: UUID | str) -> RunView:
         return await self._send(self._calls.get(run_id))
 
     async def list(self, *, status: str | Sequence[str] | None = None, pool: str | None = None,
-                   limit: int = 50, cursor: str | None = None,
-                   label: Sequence[str] | Mapping[str, str] | None = None,
-                   created_after: datetime | None = None, created_before: datetime | None = None,
-                   finished_after: datetime | None = None,
-                   finished_before: datetime | None = None,
-                   idempotency_key: str | None = None, tenant: str | None = None) -> RunPage:
+             limit: int = 50, cursor: str | None = None,
+             label: Sequence[str] | Mapping[str, str] | None = None,
+             created_after: datetime | None = None, created_before: datetime | None = None,
+             finished_after: datetime | None = None, finished_before: datetime | None = None,
+             idempotency_key: str | None = None, tenant: str | None = None) -> RunPage:
         """A page of runs, newest first, filtered (every filter given must match:
         any of `status`, all of `label` as "key:value" or a dict)."""
         return await self._send(self._calls.list(

@@ -13,6 +13,7 @@ Which index drives the scan, newest first (ids are UUIDv7, creation-ordered):
     idempotency_key   agent_runs_idempotency_idx (pool, tenant, key)
     label             agent_run_labels (tenant, key, value, run_id), or
                       (key, value, run_id) for an admin across tenants
+    status=dead       agent_runs_dead_idx (id)
     otherwise         agent_run_tenant_index (tenant, run_id), or the primary
                       key for an admin across tenants
 
@@ -153,9 +154,12 @@ def _source(f: RunFilter, p: dict[str, Any],
             p["labels"] = json.dumps(wanted)
             where.append(sql.SQL("r.labels @> %(labels)s::jsonb"))
         return sql.SQL("agent_run_labels d") + BY_ID, sql.SQL("d.run_id")
-    if f.tenant_id is not None:
+    if f.tenant_id is not None and tuple(f.statuses) != (RunStatus.DEAD,):
         where.append(sql.SQL("d.tenant_id = %(tenant)s"))
         return sql.SQL("agent_run_tenant_index d") + BY_ID, sql.SQL("d.run_id")
+    # Every tenant's runs by primary key; or a tenant's dead ones through
+    # agent_runs_dead_idx (dead runs are few, and may be far back in a
+    # tenant's line).
     return sql.SQL("agent_runs r"), sql.SQL("r.id")
 
 

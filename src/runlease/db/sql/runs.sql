@@ -192,8 +192,8 @@ WITH upd AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -261,8 +261,8 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -294,8 +294,8 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -332,8 +332,8 @@ WITH clock AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -365,8 +365,8 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -396,8 +396,8 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
@@ -480,8 +480,8 @@ WITH RECURSIVE clock AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd) p
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.pool, upd.tenant_id, upd.status
@@ -522,8 +522,8 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
