@@ -70,6 +70,10 @@ WORKER_SLOTS = Gauge("runlease_worker_slots", "Run slots of this worker (its con
 REAPED = Counter("runlease_reaped_total",
                  "Expired leases the reaper handled, by where the run went: pending, dead, "
                  "cancelled.", ["pool", "to"])
+SCHEDULE_TICKS = Counter("runlease_schedule_ticks_total",
+                         "Due schedule ticks the leader handled, by outcome "
+                         "(enqueued, skipped: overlap or refused, missed: caught up).",
+                         ["outcome"])
 RETENTION_DELETED = Counter("runlease_retention_deleted_total",
                             "Finished runs deleted by retention.")
 LEADER = Gauge("runlease_leader", "1 while this process is the elected leader.", ["name"])

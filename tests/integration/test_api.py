@@ -280,7 +280,7 @@ BAD = [
      422),
     ("body over the bound", json.dumps({"input": {"x": "y" * 1_100_000}}).encode(), "body",
      413),
-    ("unknown pool", json.dumps({"input": {}, "pool": "nope"}).encode(), "pool", 422),
+    ("unknown pool", json.dumps({"input": {}, "pool": "nope"}).encode(), "pool", 404),
     ("bad pool name", json.dumps({"input": {}, "pool": "Nope!"}).encode(), "pool", 422),
     ("priority too high", json.dumps({"input": {}, "priority": 101}).encode(), "priority", 422),
     ("priority a string", json.dumps({"input": {}, "priority": "1"}).encode(), "priority", 422),
@@ -292,7 +292,7 @@ BAD = [
      "budget.tokens", 422),
     ("an unknown field", json.dumps({"input": {}, "colour": "red"}).encode(), "colour", 422),
     ("tenant_id of another", json.dumps({"input": {}, "tenant_id": "globex"}).encode(),
-     "tenant_id", 422),
+     "tenant_id", 403),
 ]
 
 

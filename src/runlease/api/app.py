@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease import __version__, metrics
-from runlease.api import batch, errors, routes
+from runlease.api import actions, batch, errors, routes, schedules
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
@@ -40,7 +40,8 @@ READY_CHECK_S = 0.5  # /readyz answers within 1 s, well inside a probe's timeout
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "No token, or an unknown one."},
     403: {"model": ErrorBody, "description": "An admin-only route."},
-    404: {"model": ErrorBody, "description": "No such run (or another tenant's)."},
+    404: {"model": ErrorBody, "description": "No such run (or another tenant's), or a "
+                                            "`pool` that does not exist (`unknown_pool`)."},
     422: {"model": ErrorBody, "description": "Bad input; `field` names it."},
     503: {"model": ErrorBody, "description": "The database is unavailable; retry."},
 }
@@ -196,10 +197,12 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     errors.install(app)
     app.include_router(batch.router)
     app.include_router(routes.router)
+    app.include_router(actions.router)
+    app.include_router(schedules.router)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),
-            allow_methods=["GET", "POST", "PUT"],
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
             expose_headers=["Location"])
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,

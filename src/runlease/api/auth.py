@@ -138,6 +138,8 @@ class StreamTokens:
         return f"{body}.{self._sign(body)}", expires
 
     def verify(self, token: str, run_id: UUID, now: float | None = None) -> Principal | None:
+        if not token.isascii():  # compare_digest takes ASCII strings only
+            return None
         body, _, signature = token.partition(".")
         if not body or not hmac.compare_digest(signature, self._sign(body)):
             return None

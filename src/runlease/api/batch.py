@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field
 
 from runlease import metrics
 from runlease.api.deps import JsonBody, Store, Waker, Who
-from runlease.api.errors import invalid
+from runlease.api.errors import ErrorAnswer
+from runlease.api.routes import retry_policy, tenant_for
 from runlease.api.schemas import ErrorBody, RunCreate, RunOut
 from runlease.core import bounds
 from runlease.db.runs import NewRun
@@ -77,17 +78,16 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -
     single submit's body (plus its `idempotency_key`) under the same rules."""
     runs = []
     for i, item in enumerate(body.runs):
-        if who.admin and item.tenant_id is None:
-            raise invalid(f"runs[{i}].tenant_id", "admin must name the tenant")
-        if not who.admin and item.tenant_id not in (None, who.tenant_id):
-            raise invalid(f"runs[{i}].tenant_id", "a tenant token submits for its own "
-                                                  "tenant only")
-        tenant = item.tenant_id if who.admin else who.tenant_id
-        assert tenant is not None
+        try:
+            tenant = tenant_for(item.tenant_id, who)  # a 403 as for one submit
+        except ErrorAnswer as exc:
+            field = f"runs[{i}].tenant_id"
+            raise ErrorAnswer(exc.status, exc.code, f"runs[{i}].{exc.message}", field) from None
         runs.append(NewRun(
             tenant, item.input, item.priority, item.max_attempts,
             None if item.budget is None else item.budget.model_dump(exclude_none=True),
-            item.idempotency_key, item.labels, item.run_at, item.delay_s, item.pool))
+            item.idempotency_key, item.labels, item.run_at, item.delay_s, item.pool,
+            retry=retry_policy(item)))
     results = await store.enqueue_many(body.runs[0].pool, runs, notify=False)
     for r in results:
         if r.inserted:

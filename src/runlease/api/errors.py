@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from runlease.errors import (
     InvalidTransition,
     RunleaseError,
     RunNotFound,
+    UnknownPool,
     ValidationError,
 )
 
@@ -56,6 +58,12 @@ async def _error_answer(request: Request, exc: Exception) -> JSONResponse:
 
 async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    literal = request.app.openapi().get("paths", {}).get(request.url.path)
+    if literal is not None and request.method.lower() not in literal:
+        # PATCH /v1/runs/redrive reached PATCH /v1/runs/{run_id}: the path is
+        # a resource of its own, which does not take this method.
+        return error_response(405, "method_not_allowed", "Method Not Allowed",
+                              headers={"Allow": allowed_methods(request)})
     errors = exc.errors()
     first = errors[0] if errors else {}
     raw = tuple(first.get("loc", ()))
@@ -99,6 +107,10 @@ async def _runlease_error(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"error": {"code": "batch_refused", "message": str(exc),
                                        "field": exc.field},
                              "errors": [e.as_dict() for e in exc.errors]}, status_code=422)
+    if isinstance(exc, UnknownPool):
+        # Well-formed, naming something that does not exist (yet): a 404 that
+        # names the field, as a missing run is a 404.
+        return error_response(404, "unknown_pool", str(exc), exc.field)
     if isinstance(exc, ValidationError):
         return error_response(422, "invalid_request", str(exc), exc.field)
     if isinstance(exc, DatabaseUnavailable):
@@ -121,8 +133,27 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 400 and "body" in str(exc.detail).lower():
         return error_response(422, "invalid_request", "body: not valid JSON", "body")
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail),
-                          headers=dict(exc.headers) if exc.headers else None)
+    headers = dict(exc.headers) if exc.headers else {}
+    if exc.status_code == 405:
+        headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
+    return error_response(exc.status_code, code, str(exc.detail), headers=headers or None)
+
+
+_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the OpenAPI document gives this path: Starlette's own 405
+    names only the first route's (GET of GET /v1/runs, not POST /v1/runs)."""
+    path = request.url.path
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    # A literal path (/v1/runs/cancel) is its own resource, though
+    # /v1/runs/{run_id} would match it too.
+    item = paths.get(path) or next(
+        (item for template, item in paths.items()
+         if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path)),
+        {})
+    return ", ".join(sorted(m.upper() for m in item if m in _METHODS))
 
 
 def install(app: FastAPI) -> None:

@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from runlease import metrics
 from runlease.api.auth import Principal
 from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state, bearer
-from runlease.api.errors import ErrorAnswer, invalid, unauthorized
+from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
 from runlease.api.schemas import (
     POOL_PATTERN,
@@ -40,6 +40,7 @@ from runlease.api.search import (
     run_filter,
 )
 from runlease.core import bounds
+from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
 from runlease.db.models import Pool, Run
 from runlease.errors import RunNotFound
@@ -58,20 +59,38 @@ def page(runs: list[Run], limit: int, *, admin: bool) -> RunPage:
                    next_cursor=str(runs[-1].id) if len(runs) == limit else None)
 
 
-def tenant_for(body: RunCreate, who: Principal) -> str:
+def tenant_for(tenant_id: str | None, who: Principal) -> str:
+    """The tenant a run is submitted for. Refused with 403, not 422: the body
+    is well formed, the token may not do this with it."""
     if who.admin:
-        if body.tenant_id is None:
-            raise invalid("tenant_id", "admin must name the tenant")
-        return body.tenant_id
-    if body.tenant_id is not None and body.tenant_id != who.tenant_id:
-        raise invalid("tenant_id", "a tenant token submits for its own tenant only")
+        if tenant_id is None:
+            raise ErrorAnswer(403, "tenant_required",
+                           "tenant_id: an admin token has no tenant of its own; name the "
+                           "run's tenant", "tenant_id")
+        return tenant_id
+    if tenant_id is not None and tenant_id != who.tenant_id:
+        raise ErrorAnswer(403, "forbidden", "tenant_id: a tenant token submits for its own "
+                                         "tenant only", "tenant_id")
     assert who.tenant_id is not None
     return who.tenant_id
+
+
+def retry_policy(body: RunCreate) -> RetryPolicy | None:
+    if (body.backoff_base_s, body.backoff_cap_s, body.non_retryable_codes) == (None,) * 3:
+        return None
+    return RetryPolicy.checked(body.backoff_base_s, body.backoff_cap_s,
+                               body.non_retryable_codes)
+
+
+SUBMIT_403 = {"model": ErrorBody,
+              "description": "`tenant_id` names another tenant than the token's, or an "
+                             "admin token leaves it out."}
 
 
 @router.post(
     "/runs", status_code=201, response_model=RunOut, dependencies=[JsonBody],
     responses={200: {"model": RunOut, "description": "The run this Idempotency-Key names."},
+               403: SUBMIT_403,
                409: {"model": ErrorBody, "description": "The key names another input's run."},
                413: {"model": ErrorBody, "description": "Body over the bound."},
                415: {"model": ErrorBody,
@@ -84,11 +103,11 @@ async def submit(
 ) -> Response:
     """Enqueue a run. The same Idempotency-Key again returns the same run (200)."""
     result = await store.enqueue(
-        body.pool, tenant_for(body, who), body.input, priority=body.priority,
+        body.pool, tenant_for(body.tenant_id, who), body.input, priority=body.priority,
         max_attempts=body.max_attempts,
         budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
         idempotency_key=idempotency_key, labels=body.labels, run_at=body.run_at,
-        delay_s=body.delay_s, notify=False,
+        delay_s=body.delay_s, notify=False, retry=retry_policy(body),
     )
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
@@ -100,7 +119,10 @@ async def submit(
                     headers={"Location": f"/v1/runs/{result.run.id}"})
 
 
-@router.get("/runs", response_model=RunPage)
+@router.get("/runs", response_model=RunPage,
+            responses={403: {"model": ErrorBody,
+                             "description": "`tenant` names another tenant than the "
+                                            "token's."}})
 async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ = None,
                     label: LabelQ = None, created_after: TimeQ = None,
                     created_before: TimeQ = None, finished_after: TimeQ = None,
@@ -124,6 +146,8 @@ async def get_run(run_id: UUID, who: Who, store: Store) -> RunOut:
 
 
 STEP_PAGE_BYTES = 4 * 1024 * 1024
+STREAM_TOKEN_PATTERN = r"^[A-Za-z0-9_=-]+\.[A-Za-z0-9_=-]+$"  # base64url body . signature
+EVENT_SEQ_PATTERN = r"^[0-9]{1,18}$"  # fits a bigint
 
 
 @router.get("/runs/{run_id}/steps", response_model=StepPage)
@@ -174,9 +198,12 @@ async def stream_token(run_id: UUID, who: Who, store: Store, request: Request) -
 )
 async def events(
     run_id: UUID, request: Request, store: Store,
-    after: Annotated[int | None, Query(ge=0)] = None,
-    token: Annotated[str | None, Query(max_length=512)] = None,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+    after: Annotated[int | None, Query(ge=0, le=10**18)] = None,
+    token: Annotated[str | None, Query(min_length=1, max_length=512,
+                                       pattern=STREAM_TOKEN_PATTERN)] = None,
+    last_event_id: Annotated[str | None, Header(
+        alias="Last-Event-ID", pattern=EVENT_SEQ_PATTERN,
+        description="The seq of the last event seen (a decimal number).")] = None,
 ) -> StreamingResponse:
     """Replays stored events after Last-Event-ID (or `after`), then follows live
     ones; reconnecting with Last-Event-ID loses nothing and repeats nothing."""
@@ -188,8 +215,6 @@ async def events(
         raise unauthorized("a bearer token or a stream token for this run is required")
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.isdigit():
-            raise invalid("Last-Event-ID", "must be an event seq")
         start = max(start, int(last_event_id))
     await store.get(run_id, tenant_id=who.scope)  # a 404 before the stream starts
     assert state.hub is not None

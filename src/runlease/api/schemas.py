@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 from uuid import UUID
@@ -9,6 +10,7 @@ from uuid import UUID
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -18,7 +20,8 @@ from pydantic import (
     model_validator,
 )
 
-from runlease.core import bounds, run_options
+from runlease.core import backoff, bounds, run_options
+from runlease.core.backoff import RetryPolicy
 from runlease.core.defaults import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -35,38 +38,140 @@ LabelValue = Annotated[str, StringConstraints(max_length=run_options.LABEL_VALUE
                                               pattern=run_options.LABEL_VALUE_PATTERN)]
 Labels = dict[LabelKey, LabelValue]
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
+TENANT_PATTERN = r"^[^\x00-\x20\x7f]+$"  # printable, no spaces: bounds.check_tenant
+# A tool's environment: a variable name, never one of the worker's own
+# (bounds.check_tool_env refuses RUNLEASE_*, PG* and DATABASE_URL).
+TOOL_ENV_PATTERN = r"^(?!RUNLEASE_|PG|DATABASE_URL$)[A-Z_][A-Z0-9_]{0,127}$"
+
+
+def _integral(value: object) -> object:
+    # JSON Schema's `integer` includes 3.0, and generic clients send it: take
+    # a float with no fraction as the integer it is; anything else (a string,
+    # a bool, 2.5) still fails the strict check below.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# After the bounds: pydantic's JSON schema keeps `minimum`/`maximum` only for
+# constraints that come before a validator.
+INTEGRAL = BeforeValidator(_integral)
+Priority = Annotated[int, Field(strict=True, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX),
+                     INTEGRAL]
+Attempts = Annotated[int, Field(strict=True, ge=bounds.MAX_ATTEMPTS_MIN,
+                                le=bounds.MAX_ATTEMPTS_MAX), INTEGRAL]
+InFlight = Annotated[int, Field(strict=True, ge=0, le=bounds.MAX_IN_FLIGHT_MAX), INTEGRAL]
+Turns = Annotated[int, Field(strict=True, ge=1, le=100_000), INTEGRAL]
+ToolCalls = Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL]
+LeaseS = Annotated[int, Field(strict=True, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX),
+                   INTEGRAL]
+AgingS = Annotated[int, Field(strict=True, ge=0, le=bounds.AGING_S_MAX), INTEGRAL]
+RetentionS = Annotated[int, Field(strict=True, ge=0, le=bounds.RETENTION_S_MAX), INTEGRAL]
+BackoffBase = Annotated[int, Field(strict=True, ge=0, le=backoff.BACKOFF_BASE_S_MAX), INTEGRAL]
+BackoffCap = Annotated[int, Field(strict=True, ge=0, le=backoff.BACKOFF_CAP_S_MAX), INTEGRAL]
+ErrorCode = Annotated[str, StringConstraints(pattern=backoff.ERROR_CODE_PATTERN)]
+
+
+def _keys_are_tenants(schema: dict[str, Any]) -> None:
+    # The store checks tenant ids and caps (naming the field as before,
+    # `limits[acme]`); the document states the same rules.
+    schema["propertyNames"] = {"minLength": 1, "maxLength": bounds.TENANT_MAX_CHARS,
+                               "pattern": TENANT_PATTERN}
+    if schema.get("additionalProperties", {}).get("type") == "integer":
+        schema["additionalProperties"] = {"type": "integer", "minimum": 0,
+                                          "maximum": bounds.MAX_IN_FLIGHT_MAX}
+
+
+TenantId = Annotated[str, StringConstraints(min_length=1, max_length=bounds.TENANT_MAX_CHARS,
+                                            pattern=TENANT_PATTERN)]
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+DEADLINE_S_MAX = 30 * 24 * 3600
+
+
 class BudgetIn(Strict):
-    max_turns: StrictInt | None = Field(None, ge=1, le=100_000)
-    max_tool_calls: StrictInt | None = Field(None, ge=0, le=1_000_000)
-    deadline_s: StrictInt | StrictFloat | None = Field(None, gt=0, le=30 * 24 * 3600)
+    max_turns: Turns | None = None
+    max_tool_calls: ToolCalls | None = None
+    deadline_s: (Annotated[StrictInt, Field(gt=0, le=DEADLINE_S_MAX)]
+                 | Annotated[StrictFloat, Field(gt=0, le=DEADLINE_S_MAX)] | None) = None
+
+
+def not_a_number(value: object) -> object:
+    """pydantic would read a number (`1700000000`) as a Unix time; the document
+    says RFC 3339, so only that is taken."""
+    if isinstance(value, int | float) or (
+            isinstance(value, str) and re.fullmatch(r"\s*[-+]?[0-9.eE+-]+\s*", value)):
+        raise ValueError("an RFC 3339 time with its offset, not a number")
+    return value
+
+
+def _label_keys(schema: dict[str, Any]) -> None:
+    # pydantic writes a constrained key as patternProperties, which leaves
+    # keys that do not match unconstrained: say that every key must match.
+    for option in schema.get("anyOf", [schema]):
+        values = option.pop("patternProperties", None)
+        if values:
+            option["additionalProperties"] = next(iter(values.values()))
+            option["propertyNames"] = {"minLength": 1,
+                                       "maxLength": run_options.LABEL_KEY_MAX_CHARS,
+                                       "pattern": run_options.LABEL_KEY_PATTERN}
+
+
+def _one_start_rule(schema: dict[str, Any]) -> None:
+    # run_at and delay_s are each allowed, not both: the document says so
+    # (generic clients and schemathesis read it), and shows one whole body.
+    schema["not"] = {"required": ["run_at", "delay_s"],
+                     "properties": {"run_at": {"type": "string"},
+                                    "delay_s": {"type": "number"}}}
+    schema["examples"] = [{"input": {"prompt": "Summarise the incident report"},
+                           "labels": {"team": "search"}, "delay_s": 300,
+                           "non_retryable_codes": ["invalid_input"]}]
 
 
 class RunCreate(Strict):
     """A run to enqueue. Admin callers name the tenant; tenants may not."""
 
-    input: dict[str, Any] = Field(description="The agent's input, a JSON object.")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_start_rule)
+
+    input: dict[str, Any] = Field(description="The agent's input, a JSON object (no NUL "
+                                              "character in any of its strings).",
+                                  examples=[{"prompt": "Summarise the incident report"}])
     pool: str = Field("default", min_length=1, max_length=bounds.POOL_MAX_CHARS,
                       pattern=POOL_PATTERN)
-    priority: StrictInt = Field(0, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
-    max_attempts: StrictInt | None = Field(None, ge=bounds.MAX_ATTEMPTS_MIN,
-                                           le=bounds.MAX_ATTEMPTS_MAX)
+    priority: Priority = 0
+    max_attempts: Attempts | None = None
     budget: BudgetIn | None = None
-    tenant_id: str | None = Field(None, min_length=1, max_length=bounds.TENANT_MAX_CHARS,
-                                  description="Admin only: the tenant the run belongs to.")
+    backoff_base_s: BackoffBase | None = Field(
+        None, description="Seconds before the first retry; each later one waits twice the "
+                          f"last, up to backoff_cap_s (default {backoff.BACKOFF_BASE_S}).",
+        examples=[10])
+    backoff_cap_s: BackoffCap | None = Field(
+        None, description="The longest wait between attempts: the n-th retry waits "
+                          "min(backoff_cap_s, backoff_base_s * 2^(n-1)) seconds (default "
+                          f"{backoff.BACKOFF_CAP_S}; a longer backoff_base_s given alone "
+                          "raises it to that).", examples=[600])
+    non_retryable_codes: list[ErrorCode] | None = Field(
+        None, max_length=backoff.NON_RETRYABLE_MAX,
+        description="Error codes after which the run is dead at once, whatever attempts "
+                    "remain (a retryable failure with one of them is not retried).",
+        examples=[["invalid_input", "quota_exceeded"]])
+    tenant_id: TenantId | None = Field(
+        None, description="The tenant the run belongs to. An admin token must name it; a "
+                          "tenant token may leave it out or name its own tenant (another "
+                          "tenant's is refused with 403).")
     labels: Labels | None = Field(
         None, max_length=run_options.LABELS_MAX,
         description=f"A string map (at most {run_options.LABELS_MAX} labels; keys "
                     f"1-{run_options.LABEL_KEY_MAX_CHARS} characters, values at most "
                     f"{run_options.LABEL_VALUE_MAX_CHARS}) to find runs by "
                     "(`GET /v1/runs?label=key:value`).",
-        examples=[{"team": "search", "suite": "nightly-eval"}])
-    run_at: AwareDatetime | None = Field(
+        examples=[{"team": "search", "suite": "nightly-eval"}],
+        json_schema_extra=_label_keys)
+    run_at: Annotated[AwareDatetime, BeforeValidator(not_a_number)] | None = Field(
         None, description="Not before this time (RFC 3339 with its offset; at most a year "
                           "ahead; a past time means now). Not with `delay_s`.",
         examples=["2026-12-01T09:00:00Z"])
@@ -114,6 +219,9 @@ class RunOut(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict,
                                    description="The labels given at submit.",
                                    examples=[{"team": "search"}])
+    backoff_base_s: int = Field(backoff.BACKOFF_BASE_S, description="The run's retry policy.")
+    backoff_cap_s: int = backoff.BACKOFF_CAP_S
+    non_retryable_codes: list[str] = Field(default_factory=list)
 
     @classmethod
     def of(cls, run: Run, *, admin: bool) -> RunOut:
@@ -132,6 +240,9 @@ class RunOut(BaseModel):
             available_at=run.available_at, created_at=run.created_at,
             updated_at=run.updated_at, finished_at=run.finished_at,
             last_event_seq=run.event_seq, lease=lease, labels=run.labels,
+            backoff_base_s=RetryPolicy(run.backoff_base_s).base_s,
+            backoff_cap_s=RetryPolicy(backoff_cap_s=run.backoff_cap_s).cap_s,
+            non_retryable_codes=run.non_retryable_codes or [],
         )
 
 
@@ -178,11 +289,11 @@ class ErrorBody(BaseModel):
 
 
 class PriorityBand(Strict):
-    """The priorities a tenant may submit in a pool; outside them a submit is
-    refused with 422. Priority orders only the tenant's own runs."""
+    """The priorities a tenant may submit in a pool (`min` <= `max`); outside
+    them a submit is refused with 422. Priority orders only the tenant's own runs."""
 
-    min: StrictInt = Field(bounds.PRIORITY_MIN, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
-    max: StrictInt = Field(bounds.PRIORITY_MAX, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
+    min: Priority = bounds.PRIORITY_MIN
+    max: Priority = bounds.PRIORITY_MAX
 
 
 class PoolIn(Strict):
@@ -190,27 +301,31 @@ class PoolIn(Strict):
     replaces; `runlease pools upsert` reads the pool first and changes only
     what it is given)."""
 
-    max_attempts: StrictInt = Field(DEFAULT_MAX_ATTEMPTS, ge=bounds.MAX_ATTEMPTS_MIN,
-                                    le=bounds.MAX_ATTEMPTS_MAX)
-    lease_s: StrictInt = Field(DEFAULT_LEASE_S, ge=bounds.LEASE_S_MIN, le=bounds.LEASE_S_MAX,
-                               description="Lease length workers claim and renew with "
-                                           "(read at worker start).")
-    default_max_in_flight: StrictInt | None = Field(None, ge=0, le=bounds.MAX_IN_FLIGHT_MAX)
-    priority_aging_s: StrictInt = Field(DEFAULT_PRIORITY_AGING_S, ge=0, le=bounds.AGING_S_MAX)
-    retention_s: StrictInt = Field(DEFAULT_RETENTION_S, ge=0, le=bounds.RETENTION_S_MAX,
-                                   description="Finished runs older than this are deleted; "
-                                               "0 keeps them.")
+    max_attempts: Attempts = DEFAULT_MAX_ATTEMPTS
+    lease_s: LeaseS = Field(DEFAULT_LEASE_S, description="Lease length workers claim and "
+                                                         "renew with (read at worker start).")
+    default_max_in_flight: InFlight | None = None
+    priority_aging_s: AgingS = DEFAULT_PRIORITY_AGING_S
+    retention_s: RetentionS = Field(DEFAULT_RETENTION_S,
+                                    description="Finished runs older than this are deleted; "
+                                                "0 keeps them.")
     paused: StrictBool = Field(False, description="No run of the pool is claimed; submits are "
                                             "accepted and leased runs go on.")
+    # The store checks each name (bounds.check_tool_env, with messages that
+    # say why); the document states the same rule.
     tool_env: list[str] = Field(
         default_factory=list, max_length=bounds.TOOL_ENV_MAX,
+        json_schema_extra={"uniqueItems": True,
+                           "items": {"type": "string", "pattern": TOOL_ENV_PATTERN}},
         description="Names of worker environment variables the pool's tools may see.")
-    tenant_limits: dict[str, StrictInt] = Field(
+    tenant_limits: dict[str, Annotated[int, Field(strict=True), INTEGRAL]] = Field(
         default_factory=dict, max_length=10_000,
-        description="Per-tenant caps on runs leased at once.")
+        description="Per-tenant caps on runs leased at once.",
+        json_schema_extra=_keys_are_tenants)
     tenant_priority: dict[str, PriorityBand] = Field(
         default_factory=dict, max_length=10_000,
-        description="Per-tenant priority bands; tenants not named may use -100..100.")
+        description="Per-tenant priority bands; tenants not named may use -100..100.",
+        json_schema_extra=_keys_are_tenants)
 
     def tenants(self) -> dict[str, TenantLimit]:
         names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority]))

@@ -10,17 +10,20 @@ from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import Query
-from pydantic import AwareDatetime
+from pydantic import AwareDatetime, BeforeValidator
 
 from runlease.api.auth import Principal
-from runlease.api.errors import invalid
-from runlease.api.schemas import POOL_PATTERN, Status
+from runlease.api.errors import ErrorAnswer
+from runlease.api.schemas import POOL_PATTERN, Status, not_a_number
 from runlease.core import bounds, run_options
 from runlease.core.states import RunStatus
 from runlease.db.run_search import RunFilter
 
+# key:value, the value bounded in the pattern itself (the parameter's own
+# length bound alone would let a short key carry an over-long value).
 LABEL_FILTER_PATTERN = (run_options.LABEL_KEY_PATTERN[:-1] + ":"
-                        + run_options.LABEL_VALUE_PATTERN[1:])
+                        + run_options.LABEL_VALUE_PATTERN[1:-2]
+                        + f"{{0,{run_options.LABEL_VALUE_MAX_CHARS}}}$")
 LABEL_FILTER_MAX_CHARS = run_options.LABEL_KEY_MAX_CHARS + 1 + run_options.LABEL_VALUE_MAX_CHARS
 
 StatusQ = Annotated[list[Status] | None, Query(
@@ -33,7 +36,7 @@ LabelQ = Annotated[list[Annotated[str, Query(min_length=3, max_length=LABEL_FILT
     max_length=run_options.LABELS_MAX,
     description="`key:value`; repeat for several, all must match.",
     examples=[["team:search"]])]
-TimeQ = Annotated[AwareDatetime | None, Query(
+TimeQ = Annotated[AwareDatetime | None, BeforeValidator(not_a_number), Query(
     description="RFC 3339 with its offset; `_after` is inclusive, `_before` exclusive.",
     examples=["2026-12-01T00:00:00Z"])]
 KeyQ = Annotated[str | None, Query(min_length=1, max_length=bounds.KEY_MAX_CHARS,
@@ -57,7 +60,13 @@ def run_filter(who: Principal, *, status: Sequence[str] | None = None, pool: str
     """The filter the caller may run: its own tenant's, or any for an admin."""
     scope = who.scope
     if scope is not None and tenant is not None and tenant != scope:
-        raise invalid("tenant", "a tenant token lists its own runs only")
+        # 403 as for a submit naming another tenant: the token may not.
+        raise ErrorAnswer(403, "forbidden", "tenant: a tenant token lists its own runs only",
+                          "tenant")
+    if scope is None and tenant is None and idempotency_key is not None:
+        # A key is a tenant's own: an admin names whose (as an admin submit does).
+        raise ErrorAnswer(403, "tenant_required", "idempotency_key: an admin token names "
+                                                  "the tenant (`tenant`) with a key", "tenant")
     labels = tuple((k, v) for k, _, v in (item.partition(":") for item in label or ()))
     return RunFilter(
         tenant_id=scope if scope is not None else tenant,

@@ -4,14 +4,16 @@ group."""
 
 from __future__ import annotations
 
-from runlease.cli import run_commands
+from runlease.cli import actions, run_commands
 from runlease.cli.dead import dead
 from runlease.cli.pools import pools
 from runlease.cli.runs import runs
+from runlease.cli.schedules import schedules
 from runlease.cli.server import api, main, operator, run, worker
 
 main.add_command(runs)
 main.add_command(dead)
 main.add_command(pools)
+main.add_command(schedules)
 
-__all__ = ["api", "main", "operator", "run", "run_commands", "worker"]
+__all__ = ["actions", "api", "main", "operator", "run", "run_commands", "worker"]

@@ -12,6 +12,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runlease.cli import terminal
+from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.cli.runs import runs
 from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
 from runlease.core.states import RunStatus
@@ -76,11 +77,12 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
               help="A label (repeatable).")
 @click.option("--run-at", help="Not before this time (RFC 3339).")
 @click.option("--delay-s", type=click.FloatRange(0), help="Not before this many seconds.")
+@retry_options
 def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            runs_file: str | None, pool: str | None, priority: int | None,
            max_attempts: int | None, budget: str | None, idempotency_key: str | None,
            tenant_id: str | None, labels: tuple[str, ...], run_at: str | None,
-           delay_s: float | None) -> None:
+           delay_s: float | None, **retry: Any) -> None:
     """Enqueue a run (--input), or many from a JSON-lines file (--file)."""
     if (input_json is None) == (runs_file is None):
         raise click.UsageError("give --input (one run) or --file (many)")
@@ -100,7 +102,8 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
         run = api.submit(payload, pool=pool, priority=priority, max_attempts=max_attempts,
                          budget=budget_obj, idempotency_key=idempotency_key,
                          tenant_id=tenant_id, labels=_labels(labels),
-                         run_at=_time(run_at, "--run-at"), delay_s=delay_s)
+                         run_at=_time(run_at, "--run-at"), delay_s=delay_s,
+                         **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
     else:

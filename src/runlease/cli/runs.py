@@ -1,5 +1,5 @@
-"""`runlease runs ...`: submit, list, show, cancel and follow runs through the
-HTTP API."""
+"""`runlease runs ...`: show and follow runs through the HTTP API (submit and
+list are in run_commands.py, cancel, redrive and reprioritize in actions.py)."""
 
 from __future__ import annotations
 
@@ -41,20 +41,6 @@ def show(api_url: str, token: str, as_json: bool, run_id: str) -> None:
         if key != "created":
             shown = json.dumps(value) if isinstance(value, dict) else value
             out(f"[bold]{key}[/]: {shown}")
-
-
-@runs.command("cancel")
-@api_options
-@click.argument("run_id")
-def cancel(api_url: str, token: str, as_json: bool, run_id: str) -> None:
-    """Stop a run (its tools too)."""
-    with client(api_url, token) as api:
-        run = api.cancel(run_id)
-    if as_json:
-        emit_json(run)
-    else:
-        state = "cancel requested" if run.status == "leased" else run.status
-        out(f"{run.id}: {state}")
 
 
 def steps_table(steps: list[StepView]) -> Table:

@@ -16,8 +16,10 @@ its request and how its answer reads); the two clients only send it.
 
 from __future__ import annotations
 
+from runlease.client.actions import BulkView
 from runlease.client.aio import AsyncClient
 from runlease.client.errors import RETRY_STATUSES, ApiError, Conflict, NotFound, Unauthorized
+from runlease.client.schedules import SchedulePage, ScheduleView
 from runlease.client.sse import RunEnded, SseParser, StreamEvent
 from runlease.client.sync import Client
 from runlease.client.views import RunPage, RunView, StepPage, StepView
@@ -26,12 +28,15 @@ __all__ = [
     "RETRY_STATUSES",
     "ApiError",
     "AsyncClient",
+    "BulkView",
     "Client",
     "Conflict",
     "NotFound",
     "RunEnded",
     "RunPage",
     "RunView",
+    "SchedulePage",
+    "ScheduleView",
     "SseParser",
     "StepPage",
     "StepView",

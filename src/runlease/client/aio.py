@@ -12,13 +12,15 @@ from uuid import UUID
 
 import httpx
 
+from runlease.client.actions import AsyncActions
 from runlease.client.calls import MAX_BATCH, Call, Calls, T, Waiting, check, chunks
 from runlease.client.errors import ApiError
+from runlease.client.schedules import AsyncSchedules
 from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
-class AsyncClient:
+class AsyncClient(AsyncActions, AsyncSchedules):
     """Asynchronous client, for agent platforms running on asyncio."""
 
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
@@ -38,15 +40,27 @@ class AsyncClient:
     async def _send(self, call: Call[T]) -> T:
         return call.read(await self._http.send(call.request(self._http)))
 
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """A request by method and path; its JSON answer (the mixins' calls)."""
+        return check(await self._http.request(method, path, **kwargs))
+
     async def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
                priority: int | None = None, max_attempts: int | None = None,
                budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
                tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
-               run_at: datetime | str | None = None, delay_s: float | None = None) -> RunView:
-        """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it later."""
+               run_at: datetime | str | None = None, delay_s: float | None = None,
+               backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
+               non_retryable_codes: Sequence[str] | None = None) -> RunView:
+        """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
+        later; backoff_* and non_retryable_codes its retry policy (left out: 5 s
+        doubling up to 300 s, every error retried)."""
         return await self._send(self._calls.submit(input, pool, priority, max_attempts, budget,
                                              idempotency_key, tenant_id, labels, run_at,
-                                             delay_s))
+                                             delay_s, backoff_base_s=backoff_base_s,
+                                             backoff_cap_s=backoff_cap_s,
+                                             non_retryable_codes=None
+                                             if non_retryable_codes is None
+                                             else [*non_retryable_codes]))
 
     async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
                     on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:

@@ -122,11 +122,12 @@ class Calls:
                max_attempts: int | None, budget: Mapping[str, Any] | None,
                idempotency_key: str | None, tenant_id: str | None,
                labels: Mapping[str, str] | None = None, run_at: datetime | str | None = None,
-               delay_s: float | None = None) -> Call[RunView]:
+               delay_s: float | None = None, **retry: Any) -> Call[RunView]:
+        """`retry`: backoff_base_s, backoff_cap_s, non_retryable_codes (None: left out)."""
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id), ("labels", labels),
-                           ("run_at", run_at), ("delay_s", delay_s)):
+                           ("run_at", run_at), ("delay_s", delay_s), *retry.items()):
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}

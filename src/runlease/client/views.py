@@ -36,6 +36,9 @@ class RunView:
     finished_at: datetime | None = None
     lease: dict[str, Any] | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    backoff_base_s: int | None = None
+    backoff_cap_s: int | None = None
+    non_retryable_codes: list[str] = field(default_factory=list)
     created: bool = field(default=True, compare=False)  # False: an Idempotency-Key repeat
 
     @property

@@ -66,6 +66,10 @@ class Run:
     error_message: str | None = None
     finished_at: datetime | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    # The run's retry policy (None: the defaults of core/backoff.py).
+    backoff_base_s: int | None = None
+    backoff_cap_s: int | None = None
+    non_retryable_codes: list[str] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

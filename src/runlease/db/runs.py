@@ -11,6 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from runlease.core import bounds, run_options
+from runlease.core.backoff import RetryPolicy
 from runlease.core.ids import uuid7
 from runlease.core.states import RunStatus
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
@@ -53,6 +54,7 @@ class NewRun:
     run_at: datetime | None = None
     delay_s: float | None = None
     pool: str | None = None
+    retry: RetryPolicy | None = None  # checked by RetryPolicy.checked
 
 
 class _Explainer:
@@ -110,10 +112,11 @@ class QueueStore(Executor):
         run_at: datetime | None = None,
         delay_s: float | None = None,
         notify: bool = True,
+        retry: RetryPolicy | None = None,
         conn: Conn | None = None,
     ) -> EnqueueResult:
         run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key,
-                     labels, run_at, delay_s)
+                     labels, run_at, delay_s, retry=retry)
         (result,) = await self.enqueue_many(pool, [run], notify=notify, conn=conn)
         return result
 
@@ -179,6 +182,9 @@ class QueueStore(Executor):
                     if (run_pool, tenant, key) in seen_keys:
                         raise ValidationError("idempotency_key", "repeated within one batch")
                     seen_keys.add((run_pool, tenant, key))
+                retry = RetryPolicy() if run.retry is None else RetryPolicy.checked(
+                    run.retry.backoff_base_s, run.retry.backoff_cap_s,
+                    run.retry.non_retryable_codes)
             except ValidationError as exc:
                 errors.append((i, ValidationError(where + exc.field, exc.message)
                                if len(runs) == 1 else exc))
@@ -191,7 +197,10 @@ class QueueStore(Executor):
                 f'"input_json":{input_text},"idempotency_key":{dumps(key)},'
                 f'"labels":{labels or "null"},'
                 f'"run_at":{dumps(None if run_at is None else run_at.isoformat())},'
-                f'"delay_s":{dumps(delay_s)}}}')
+                f'"delay_s":{dumps(delay_s)},'
+                f'"backoff_base_s":{dumps(retry.backoff_base_s)},'
+                f'"backoff_cap_s":{dumps(retry.backoff_cap_s)},'
+                f'"non_retryable_codes":{dumps(retry.non_retryable_codes)}}}')
             for column, value in zip(cols.values(), (run_id, run_pool, tenant, priority, key),
                                      strict=True):
                 column.append(value)

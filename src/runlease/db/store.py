@@ -5,6 +5,8 @@ each concern, each beside its statements in `sql/`:
 
     executor.py   named statements, connections, fencing, error translation
     runs.py       enqueue, read, cancel, redrive, reap, retention  (runs.sql)
+    bulk.py       bulk cancel and redrive, re-prioritise           (run_bulk.sql)
+    schedules.py  cron schedules and their due ticks               (schedules.sql)
     run_search.py runs by filter (RunFilter), composed per filter
     leases.py     a worker's claim, heartbeat, ack, nack, fail...  (runs.sql)
     events.py     events and durable steps      (run_events.sql, run_steps.sql)
@@ -21,6 +23,7 @@ the fence matches zero rows.
 
 from __future__ import annotations
 
+from runlease.db.bulk import BulkStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
@@ -28,6 +31,7 @@ from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
+from runlease.db.schedules import ScheduleStore
 from runlease.db.stats import QueueStats, StatsStore
 from runlease.db.workers import Registration, WorkerRow, WorkerStore
 
@@ -47,6 +51,6 @@ __all__ = [
 ]
 
 
-class RunStore(QueueStore, SearchStore, LeaseStore, EventStore, PoolStore, LeaderStore,
-               StatsStore, WorkerStore):
+class RunStore(BulkStore, ScheduleStore, QueueStore, SearchStore, LeaseStore, EventStore,
+               PoolStore, LeaderStore, StatsStore, WorkerStore):
     """Every store in one: what the worker, API, operator and services hold."""

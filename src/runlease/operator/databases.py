@@ -20,6 +20,7 @@ from runlease.operator.k8s import Kubernetes
 from runlease.operator.spec import PoolSpec
 from runlease.services.leader import LeaderElector
 from runlease.services.reaper import Reaper
+from runlease.services.scheduler import Scheduler
 from runlease.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class Database:
     store: RunStore
     elector: LeaderElector | None
     reaper: Reaper | None
+    scheduler: Scheduler | None = None
 
 
 class Databases:
@@ -60,13 +62,15 @@ class Databases:
         await conn_pool.open(wait=False)
         store = RunStore(conn_pool)
         s = self.settings
-        elector = reaper = None
+        elector = reaper = scheduler = None
         if s.reaper:
             elector = LeaderElector(store, self.identity, ttl_s=s.leader_ttl_s)
             reaper = Reaper(store, elector, interval_s=s.reaper_interval_s)
             elector.start()
             reaper.start()
-        db = self._by_url[url] = Database(store, elector, reaper)
+            scheduler = Scheduler(store, elector)
+            scheduler.start()
+        db = self._by_url[url] = Database(store, elector, reaper, scheduler)
         log.info("database_added reaper=%s", bool(reaper))
         return db
 
@@ -105,7 +109,7 @@ class Databases:
 
     async def close(self) -> None:
         for db in self._by_url.values():
-            for service in (db.reaper, db.elector):
+            for service in (db.scheduler, db.reaper, db.elector):
                 if service is not None:
                     await service.stop(2)
             await db.store.conn_pool.close()

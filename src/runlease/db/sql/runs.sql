@@ -37,7 +37,8 @@ WITH clock AS (
       FROM jsonb_to_recordset(%(runs)s::jsonb)
            AS i (ord integer, id uuid, pool text, tenant_id text, priority integer,
                  max_attempts integer, budget_json jsonb, input_json jsonb,
-                 idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8),
+                 idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8,
+                 backoff_base_s integer, backoff_cap_s integer, non_retryable_codes text[]),
            clock
 ), lanes AS (
     SELECT l.pool, l.tenant_id,
@@ -58,12 +59,14 @@ WITH clock AS (
 ), ins AS (
     INSERT INTO agent_runs AS r
            (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
-            idempotency_key, available_at, created_at, updated_at, delayed, labels)
+            idempotency_key, available_at, created_at, updated_at, delayed, labels,
+            backoff_base_s, backoff_cap_s, non_retryable_codes)
     SELECT i.id, pool.name, i.tenant_id, i.priority,
            lanes.base + row_number() OVER (PARTITION BY i.pool, i.tenant_id ORDER BY i.ord) - 1,
            coalesce(i.max_attempts, pool.max_attempts), i.budget_json, i.input_json,
            i.idempotency_key, i.due, clock.ts, clock.ts, i.due > clock.ts,
-           coalesce(i.labels, '{}'::jsonb)
+           coalesce(i.labels, '{}'::jsonb),
+           i.backoff_base_s, i.backoff_cap_s, i.non_retryable_codes
       FROM input i
       JOIN lanes USING (pool, tenant_id)
       JOIN agent_run_pools pool ON pool.name = i.pool
@@ -197,28 +200,43 @@ SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_nack
--- A retryable failure: back to pending after min(300, 5 * 2^(attempts-1)) s,
--- or the failure's own retry-after when longer, computed here by the
--- database clock; dead once attempts reach max_attempts;
--- cancelled if a cancel was requested meanwhile (a cancelled run is never retried).
+-- A retryable failure: back to pending after min(cap, base * 2^(attempts-1))
+-- s by the run's retry policy (NULL: base 5, cap 300), or the failure's own
+-- retry-after when longer, computed here by the database clock; dead once
+-- attempts reach max_attempts, or at once when the error code is one of the
+-- run's non_retryable_codes; cancelled if a cancel was requested meanwhile
+-- (a cancelled run is never retried).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
 ), upd AS (
     UPDATE agent_runs r
        SET status = CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                         WHEN r.attempts >= r.max_attempts THEN 'dead'
-                         ELSE 'pending' END,
+                         WHEN r.attempts < r.max_attempts
+                              AND NOT coalesce(%(error_code)s::text = ANY (r.non_retryable_codes),
+                                               false) THEN 'pending'
+                         ELSE 'dead' END,
            -- In backoff: out of the claim's indexes until runlease_claim
-           -- finds its time has come.
-           delayed = r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts,
-           available_at = CASE WHEN r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+           -- finds its time has come. (The retry test is repeated: each
+           -- must read the row's latest version, which a CTE would not.)
+           delayed = (r.cancel_requested_at IS NULL AND r.attempts < r.max_attempts
+                      AND NOT coalesce(%(error_code)s::text = ANY (r.non_retryable_codes),
+                                       false)),
+           available_at = CASE WHEN r.cancel_requested_at IS NULL
+                                    AND r.attempts < r.max_attempts
+                                    AND NOT coalesce(%(error_code)s::text
+                                                     = ANY (r.non_retryable_codes), false)
                                THEN clock.ts + make_interval(
-                                        secs => greatest(least(300, 5 * power(2, r.attempts - 1)),
-                                                         coalesce(%(retry_after_s)s::float8, 0)))
+                                        secs => greatest(
+                                            least(coalesce(r.backoff_cap_s, 300),
+                                                  coalesce(r.backoff_base_s, 5)
+                                                  * power(2, least(r.attempts - 1, 60))),
+                                            coalesce(%(retry_after_s)s::float8, 0)))
                                ELSE r.available_at END,
-           finished_at = CASE WHEN r.cancel_requested_at IS NOT NULL
-                                   OR r.attempts >= r.max_attempts
-                              THEN clock.ts END,
+           finished_at = CASE WHEN r.cancel_requested_at IS NULL
+                                   AND r.attempts < r.max_attempts
+                                   AND NOT coalesce(%(error_code)s::text
+                                                    = ANY (r.non_retryable_codes), false)
+                              THEN NULL ELSE clock.ts END,
            locked_by = NULL, locked_until = NULL,
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts

@@ -95,6 +95,12 @@ CREATE TABLE agent_runs (
     -- The run's labels, a string map (bounded in core/bounds.py); found
     -- through agent_run_labels, never through an index here.
     labels              jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    -- The run's retry policy (NULL: the built-in one, core/backoff.py): the
+    -- delay after the n-th failed attempt is min(cap, base * 2^(n-1)), and a
+    -- failure with one of non_retryable_codes is dead at once (run_nack).
+    backoff_base_s      integer     CHECK (backoff_base_s BETWEEN 0 AND 86400),
+    backoff_cap_s       integer     CHECK (backoff_cap_s BETWEEN 0 AND 604800),
+    non_retryable_codes text[]      CHECK (cardinality(non_retryable_codes) <= 32),
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased
@@ -224,6 +230,36 @@ CREATE TABLE agent_run_steps (
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, step_key)
 );
+
+-- Schedules (runlease.services.scheduler): a cron expression in a time zone
+-- and a run template (the submit body). The scheduler's leader enqueues a
+-- due tick in the transaction that moves next_tick_at on, with an
+-- idempotency key per tick, so a leader change neither doubles nor skips one.
+CREATE TABLE agent_run_schedules (
+    id           uuid        PRIMARY KEY,
+    tenant_id    text        NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
+    name         text        NOT NULL CHECK (name ~ '^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$'),
+    cron         text        NOT NULL CHECK (length(cron) BETWEEN 9 AND 255),
+    timezone     text        NOT NULL DEFAULT 'UTC' CHECK (length(timezone) BETWEEN 1 AND 64),
+    pool         text        NOT NULL,
+    template     jsonb       NOT NULL CHECK (jsonb_typeof(template) = 'object'),
+    overlap      text        NOT NULL DEFAULT 'skip' CHECK (overlap IN ('skip', 'allow')),
+    paused       boolean     NOT NULL DEFAULT false,
+    next_tick_at timestamptz NOT NULL,
+    last_tick_at timestamptz,
+    last_run_id  uuid,
+    -- Why the last due tick enqueued nothing (overlap, or a template the
+    -- pool refuses now); NULL once a tick enqueues again.
+    last_error   text        CHECK (length(last_error) <= 1024),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (tenant_id, name)
+);
+
+-- The scheduler: schedules whose next tick is due.
+CREATE INDEX agent_run_schedules_due_idx
+    ON agent_run_schedules (next_tick_at)
+    WHERE NOT paused;
 
 -- Leader election (runlease.services.leader): one row per role, such as the
 -- reaper; whoever finds it expired takes it, and the term grows at every change.

@@ -1,0 +1,141 @@
+"""`runlease schedules create|list|show|pause|resume|delete`: cron schedules
+that enqueue a run at each tick, from a terminal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.table import Table
+
+from runlease.cli.retry import retry_kwargs, retry_options
+from runlease.cli.terminal import api_options, client, emit_json, out
+from runlease.client import ScheduleView
+
+
+@click.group()
+def schedules() -> None:
+    """Cron schedules that enqueue runs."""
+
+
+def _table(items: list[ScheduleView]) -> Table:
+    table = Table()
+    table.add_column("id", no_wrap=True, min_width=36)
+    for column in ("name", "tenant", "cron", "timezone", "overlap", "state", "next tick",
+                   "last error"):
+        table.add_column(column)
+    for s in items:
+        table.add_row(str(s.id), s.name, s.tenant_id, s.cron, s.timezone, s.overlap,
+                      "[yellow]paused[/]" if s.paused else "active",
+                      s.next_tick_at.strftime("%Y-%m-%d %H:%M:%S %Z"), s.last_error or "")
+    return table
+
+
+def _show(schedule: ScheduleView, as_json: bool, verb: str) -> None:
+    if as_json:
+        emit_json(schedule)
+        return
+    state = "paused" if schedule.paused else f"next tick {schedule.next_tick_at.isoformat()}"
+    out(f"{verb}: {schedule.name} {schedule.id} ({state})")
+
+
+@schedules.command("create")
+@api_options
+@click.argument("name")
+@click.option("--cron", required=True, help='Five fields, e.g. "30 2 * * *".')
+@click.option("--timezone", default="UTC", show_default=True,
+              help="The IANA time zone the cron expression is read in.")
+@click.option("--input", "input_json", required=True,
+              help="Each run's input, a JSON object (or @file.json).")
+@click.option("--pool")
+@click.option("--priority", type=int)
+@click.option("--max-attempts", type=int)
+@click.option("--overlap", type=click.Choice(["skip", "allow"]), default="skip",
+              show_default=True, help="skip: no run while the previous tick's still runs.")
+@click.option("--paused", is_flag=True, help="Create it paused.")
+@click.option("--tenant", "tenant_id", help="Admin only: the schedule's tenant.")
+@retry_options
+def create(api_url: str, token: str, as_json: bool, name: str, cron: str, timezone: str,
+           input_json: str, pool: str | None, priority: int | None,
+           max_attempts: int | None, overlap: str, paused: bool, tenant_id: str | None,
+           **retry: Any) -> None:
+    """Create a schedule NAME."""
+    if input_json.startswith("@"):
+        with open(input_json[1:]) as f:
+            input_json = f.read()
+    try:
+        payload = json.loads(input_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
+    template: dict[str, Any] = {"input": payload}
+    for key, value in (("pool", pool), ("priority", priority),
+                       ("max_attempts", max_attempts), *retry_kwargs(**retry).items()):
+        if value is not None:
+            template[key] = value
+    with client(api_url, token) as api:
+        schedule = api.create_schedule(name, cron, template, timezone=timezone,
+                                       overlap=overlap, paused=paused, tenant_id=tenant_id)
+    _show(schedule, as_json, "created")
+
+
+@schedules.command("list")
+@api_options
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500))
+@click.option("--cursor")
+def list_schedules(api_url: str, token: str, as_json: bool, limit: int,
+                   cursor: str | None) -> None:
+    """Your schedules by name (admin: everyone's)."""
+    with client(api_url, token) as api:
+        page = api.schedules(limit=limit, cursor=cursor)
+    if as_json:
+        emit_json(page)
+        return
+    out(_table(page.items))
+    if page.next_cursor:
+        out(f"more: --cursor {json.dumps(page.next_cursor)}")
+
+
+@schedules.command("show")
+@api_options
+@click.argument("schedule_id")
+def show(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
+    """One schedule, in full."""
+    with client(api_url, token) as api:
+        schedule = api.schedule(schedule_id)
+    if as_json:
+        emit_json(schedule)
+        return
+    out(_table([schedule]))
+    out(f"template: {json.dumps(schedule.template)}")
+
+
+@schedules.command("pause")
+@api_options
+@click.argument("schedule_id")
+def pause(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
+    """Enqueue nothing until resumed."""
+    with client(api_url, token) as api:
+        _show(api.pause_schedule(schedule_id), as_json, "paused")
+
+
+@schedules.command("resume")
+@api_options
+@click.argument("schedule_id")
+def resume(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
+    """Tick again, from the first tick after now."""
+    with client(api_url, token) as api:
+        _show(api.resume_schedule(schedule_id), as_json, "resumed")
+
+
+@schedules.command("delete")
+@api_options
+@click.argument("schedule_id")
+def delete(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
+    """Delete a schedule (the runs it enqueued stay)."""
+    with client(api_url, token) as api:
+        api.delete_schedule(schedule_id)
+    if as_json:
+        emit_json({"deleted": schedule_id})
+    else:
+        out(f"deleted: {schedule_id}")
