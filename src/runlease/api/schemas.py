@@ -28,7 +28,12 @@ class Strict(BaseModel):
 class BudgetIn(Strict):
     max_turns: StrictInt | None = Field(None, ge=1, le=100_000)
     max_tool_calls: StrictInt | None = Field(None, ge=0, le=1_000_000)
-    deadline_s: StrictInt | StrictFloat | None = Field(None, gt=0, le=30 * 24 * 3600)
+    deadline_s: StrictInt | StrictFloat | None = Field(
+        None, gt=0, le=30 * 24 * 3600, description="Wall time since submit, over all attempts.")
+    max_tokens: StrictInt | None = Field(None, ge=1, le=bounds.MAX_TOKENS_MAX,
+                                         description="Input plus output tokens, all attempts.")
+    max_cost: StrictInt | StrictFloat | None = Field(None, gt=0, le=bounds.MAX_COST_MAX,
+                                                     allow_inf_nan=False)
 
 
 class RunCreate(Strict):
@@ -53,6 +58,21 @@ class LeaseInfo(BaseModel):
     lease_epoch: int
 
 
+class RunUsage(BaseModel):
+    """What the run used, every attempt together."""
+
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    turns: int
+    tool_calls: int
+
+    @classmethod
+    def of(cls, run: Run) -> RunUsage:
+        return cls(input_tokens=run.input_tokens, output_tokens=run.output_tokens,
+                   cost=float(run.cost), turns=run.turns_used, tool_calls=run.tool_calls_used)
+
+
 class RunOut(BaseModel):
     id: UUID
     pool: str
@@ -74,6 +94,7 @@ class RunOut(BaseModel):
     finished_at: datetime | None = None
     last_event_seq: int = Field(description="The seq of the run's latest event; 0 if none.")
     lease: LeaseInfo | None = None
+    usage: RunUsage | None = None
 
     @classmethod
     def of(cls, run: Run, *, admin: bool) -> RunOut:
@@ -89,7 +110,7 @@ class RunOut(BaseModel):
             idempotency_key=run.idempotency_key, cancel_requested_at=run.cancel_requested_at,
             available_at=run.available_at, created_at=run.created_at,
             updated_at=run.updated_at, finished_at=run.finished_at,
-            last_event_seq=run.event_seq, lease=lease,
+            last_event_seq=run.event_seq, lease=lease, usage=RunUsage.of(run),
         )
 
 

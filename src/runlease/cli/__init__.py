@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from runlease.cli.client import dead, pools, runs
 from runlease.cli.server import api, main, operator, run, worker
+from runlease.cli.usage import usage
 
 main.add_command(runs)
 main.add_command(dead)
 main.add_command(pools)
+main.add_command(usage)
 
 __all__ = ["api", "main", "operator", "run", "worker"]

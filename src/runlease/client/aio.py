@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
+from datetime import date
 from typing import Any, Self
 from uuid import UUID
 
@@ -109,3 +110,12 @@ class AsyncClient:
 
     async def redrive(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/redrive"))
+
+    async def usage(self, *, start: date | str | None = None, end: date | str | None = None,
+                    group_by: str = "day", tenant_id: str | None = None,
+                    pool: str | None = None) -> dict[str, Any]:
+        """Usage (tokens, cost) from `start` to `end` (UTC days, inclusive),
+        grouped by "tenant", "pool" or "day": GET /v1/usage's JSON."""
+        params = self._calls.usage_params(start, end, group_by, tenant_id, pool)
+        result: dict[str, Any] = await self._call("GET", "/v1/usage", params=params)
+        return result

@@ -4,6 +4,7 @@ I/O differs between Client and AsyncClient."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import date
 from typing import Any
 
 import httpx
@@ -66,6 +67,16 @@ class Calls:
     @staticmethod
     def step_page(data: Mapping[str, Any]) -> StepPage:
         return StepPage([StepView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+
+    @staticmethod
+    def usage_params(start: date | str | None, end: date | str | None, group_by: str,
+                     tenant_id: str | None, pool: str | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"group_by": group_by}
+        for key, value in (("from", start), ("to", end), ("tenant_id", tenant_id),
+                           ("pool", pool)):
+            if value is not None:
+                params[key] = str(value)
+        return params
 
     def stream_headers(self, after: int) -> dict[str, str]:
         return {**self.headers, "Accept": "text/event-stream", "Last-Event-ID": str(after)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Iterator, Mapping
+from datetime import date
 from typing import Any, Self
 from uuid import UUID
 
@@ -123,3 +124,12 @@ class Client:
     def upsert_pool(self, name: str, **settings: Any) -> dict[str, Any]:
         """PUT the pool: settings left out take their defaults (see pool())."""
         return self._call("PUT", f"/v1/pools/{name}", json=settings)  # type: ignore[no-any-return]
+
+    def usage(self, *, start: date | str | None = None, end: date | str | None = None,
+              group_by: str = "day", tenant_id: str | None = None,
+              pool: str | None = None) -> dict[str, Any]:
+        """Usage (tokens, cost) from `start` to `end` (UTC days, inclusive),
+        grouped by "tenant", "pool" or "day": GET /v1/usage's JSON."""
+        params = self._calls.usage_params(start, end, group_by, tenant_id, pool)
+        result: dict[str, Any] = self._call("GET", "/v1/usage", params=params)
+        return result

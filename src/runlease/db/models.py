@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Self
 from uuid import UUID
 
@@ -55,6 +56,12 @@ class Run:
     error_code: str | None = None
     error_message: str | None = None
     finished_at: datetime | None = None
+    # Usage over every attempt (db/usage.py).
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = Decimal(0)
+    turns_used: int = 0
+    tool_calls_used: int = 0
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

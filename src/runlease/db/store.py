@@ -10,6 +10,7 @@ each concern, each beside its statements in `sql/`:
     pools.py      pools and per-tenant settings (pools.sql)
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
+    usage.py      usage per run and per day     (usage.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -26,6 +27,7 @@ from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
+from runlease.db.usage import UsageStore
 
 __all__ = [
     "MAX_BATCH",
@@ -40,5 +42,6 @@ __all__ = [
 ]
 
 
-class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore):
+class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore,
+               UsageStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -1,4 +1,4 @@
-"""The reaper: expired leases back to the queue, and retention.
+"""The reaper: expired leases back to the queue, retention, the usage rollup.
 
 Retention follows each pool's own retention_s (agent_run_pools), so whichever
 process wins the election deletes by the same windows: the pool row is the
@@ -44,6 +44,7 @@ class Reaper(PeriodicService):
             return
         await self.reap()
         await self.retain()
+        await self.roll_up_usage()
 
     async def reap(self) -> int:
         total = 0
@@ -74,4 +75,14 @@ class Reaper(PeriodicService):
             metrics.RETENTION_DELETED.inc(total)
             for pool, count in sorted(by_pool.items()):
                 log.info("retention_deleted pool=%s runs=%d", pool, count)
+        return total
+
+    async def roll_up_usage(self) -> int:
+        """Fold logged usage into the per-tenant, per-pool, per-day rollup."""
+        total = 0
+        for _ in range(self.max_batches):
+            n = await self.store.usage_rollup(batch=self.batch)
+            total += n
+            if n < self.batch:
+                break
         return total

@@ -2,6 +2,7 @@
 
     async def agent(ctx: RunContext) -> dict | None:
         await ctx.begin_turn()                      # counts against max_turns
+        await ctx.record_usage(input_tokens=812, output_tokens=95, cost=0.0021)
         answer = await ctx.step("plan", call_model) # durable: not run again on retry
         result = await ctx.run_tool(["pytest", "-q"], timeout_s=300)
         await ctx.emit("message", {"text": answer})
@@ -26,10 +27,12 @@ from runlease.core.bounds import Budget, ResultRefused
 from runlease.core.redact import StreamHoldback
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
+from runlease.db.usage import Usage
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
+from runlease.worker.budget import BudgetKeeper
 from runlease.worker.cancellable_http import CancellableHttp
-from runlease.worker.errors import BudgetExceeded, FatalError, RunCancelled, ToolTimeout
+from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
 from runlease.worker.tool_output import OutputEvents
 from runlease.worker.tools import ToolResult, ToolRunner
 
@@ -71,10 +74,9 @@ class RunContext:
         self._steps: dict[str, Step] | None = {} if lease.epoch == 1 else None
         self._cancel = cancel
         self._tools = tools
-        self._started = self._clock.monotonic() if started is None else started
-        self.budget = Budget.parse(lease.run.budget_json)
-        self.turns = 0
-        self.tool_calls = 0
+        started = self._clock.monotonic() if started is None else started
+        self._budget = BudgetKeeper(lease, store, write=self._write, clock=self._clock,
+                                    started=started)
         self.http = CancellableHttp(cancel)
         self._write_lock = asyncio.Lock()
         self._deltas: list[str] = []
@@ -126,32 +128,48 @@ class RunContext:
         return self._fence is not None and self._fence.lease_lost
 
     @property
+    def budget(self) -> Budget:
+        return self._budget.budget
+
+    @property
+    def turns(self) -> int:
+        """This attempt's turns, replayed ones included."""
+        return self._budget.turns
+
+    @property
+    def tool_calls(self) -> int:
+        return self._budget.tool_calls
+
+    @property
     def deadline_left_s(self) -> float | None:
-        if self.budget.deadline_s is None:
-            return None
-        return self.budget.deadline_s - (self._clock.monotonic() - self._started)
+        """What is left of deadline_s (wall time since the run was submitted)."""
+        return self._budget.deadline_left_s
 
     async def check(self) -> None:
         """Raise RunCancelled after a Stop, BudgetExceeded past the deadline."""
         if self._cancel.is_set():
             raise RunCancelled("the run was cancelled")
-        left = self.deadline_left_s
-        if left is not None and left <= 0:
-            raise BudgetExceeded(f"deadline of {self.budget.deadline_s} s exceeded")
+        self._budget.check_deadline()
+
+    async def start(self) -> None:
+        """Called by the worker before the agent: loads what earlier attempts
+        used; BudgetExceeded when nothing of the budget is left."""
+        await self._budget.start()
 
     async def begin_turn(self) -> int:
         """Count one model turn against max_turns; returns the turn number."""
         await self.check()
-        self.turns += 1
-        if self.budget.max_turns is not None and self.turns > self.budget.max_turns:
-            raise BudgetExceeded(f"max_turns of {self.budget.max_turns} exceeded")
-        return self.turns
+        return self._budget.begin_turn()
 
     def count_tool_call(self) -> int:
-        self.tool_calls += 1
-        if self.budget.max_tool_calls is not None and self.tool_calls > self.budget.max_tool_calls:
-            raise BudgetExceeded(f"max_tool_calls of {self.budget.max_tool_calls} exceeded")
-        return self.tool_calls
+        return self._budget.count_tool_call()
+
+    async def record_usage(self, *, input_tokens: int = 0, output_tokens: int = 0,
+                           cost: float = 0.0) -> Usage:
+        """Report model usage (fenced, summed over every attempt); returns the
+        run's totals. BudgetExceeded when a total passes max_tokens or
+        max_cost: the run ends dead at once."""
+        return await self._budget.record(input_tokens, output_tokens, cost)
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, but wake with RunCancelled as soon as the run is cancelled."""
@@ -224,6 +242,7 @@ class RunContext:
             self._delta_flush = None
         self._raise_flush_error()
         await self._flush_deltas(final=True)
+        await self._budget.sync()
 
     async def _flush_deltas(self, *, final: bool) -> None:
         # Counted from here: a held tail does not make the next delta flush

@@ -11,7 +11,7 @@ ending differently:
     lease lost    a renewal or a fenced write found the lease gone
     self-fenced   no renewal in time by the worker's own clock
                   -> task cancelled at once, tools SIGKILLed, nothing written
-    deadline      the budget's deadline_s passed -> dead, budget_exceeded
+    deadline      the budget's deadline_s (since submit) passed -> dead, budget_exceeded
 
 Otherwise the agent's own ending decides (see worker/errors.py).
 """
@@ -249,10 +249,9 @@ class Runner:
         ctx = RunContext(lease, self.store, cancel=handle.cancel, tools=handle.tools,
                          started=handle.claimed_at, fence=handle, clock=handle.clock)
         deadline = None
-        if ctx.budget.deadline_s is not None:
+        if (left := ctx.deadline_left_s) is not None:
             deadline = asyncio.get_running_loop().call_later(
-                max(0.0, ctx.budget.deadline_s - (handle.clock.monotonic() - handle.claimed_at)),
-                handle.stop, StopReason.DEADLINE)
+                max(0.0, left), handle.stop, StopReason.DEADLINE)
         result: Any = None
         error: BaseException | None = None
         agent_task: asyncio.Task[Any]
@@ -294,6 +293,7 @@ class Runner:
         return task.result()
 
     async def _agent(self, ctx: RunContext) -> Any:
+        await ctx.start()  # a budget spent by earlier attempts ends the run here
         result = await self.agent(ctx)
         await ctx.flush()
         return result

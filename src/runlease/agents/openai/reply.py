@@ -42,6 +42,7 @@ class Reply:
         self.calls: dict[int, Call] = {}
         self.finish_reason: str | None = None
         self.done = False
+        self.usage: object = None  # the completion's `usage`, if the server sent it
 
     @property
     def complete(self) -> bool:
@@ -52,6 +53,8 @@ class Reply:
     def add(self, chunk: Mapping[str, Any]) -> str:
         """Take one chunk (or a whole non-streamed completion); return its new text."""
         text = ""
+        if chunk.get("usage") is not None:
+            self.usage = chunk["usage"]
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:

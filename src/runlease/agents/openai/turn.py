@@ -13,6 +13,7 @@ from runlease.agents.openai.reply import EventParser, Reply, used_call_ids
 from runlease.agents.openai.request import ChatRequest, OpenAISettings
 from runlease.agents.openai.scrub import Secrets
 from runlease.agents.openai.tools import EVENT_TEXT_CHARS, TOOLS
+from runlease.agents.openai.usage import STREAM_OPTIONS, record_model_usage
 from runlease.worker import FatalError, RetryableError, RunCancelled, RunContext
 
 UNAVAILABLE = "model_unavailable"
@@ -26,7 +27,8 @@ async def model_turn(
     turn: int, secrets: Secrets,
 ) -> dict[str, Any]:
     """Stream one completion; return the finished assistant message (the step's result)."""
-    body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": True}
+    body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": True,
+                            "stream_options": STREAM_OPTIONS}
     if request.tools:
         body["tools"] = [TOOLS[name].schema for name in request.tools]
     if request.max_tokens is not None:
@@ -61,6 +63,7 @@ async def model_turn(
         raise RetryableError("the model's stream ended before its message was complete",
                              code=UNAVAILABLE)
     await _stream_text(ctx, scrubber.end())
+    await record_model_usage(ctx, reply.usage)  # may end the run: max_tokens
     message = secrets.scrub_json(reply.message(used_call_ids(messages), turn))
     if message["content"] or "tool_calls" not in message:
         text = message["content"] or ""

@@ -92,6 +92,13 @@ CREATE TABLE agent_runs (
     -- claim's indexes until its time comes (runlease_claim promotes it), so
     -- runs waiting for minutes cost a claim nothing.
     delayed             boolean     NOT NULL DEFAULT false,
+    -- Usage summed over every attempt (RunContext.record_usage, begin_turn,
+    -- run_tool): a retried run's budget resumes with what is left.
+    input_tokens        bigint      NOT NULL DEFAULT 0 CHECK (input_tokens >= 0),
+    output_tokens       bigint      NOT NULL DEFAULT 0 CHECK (output_tokens >= 0),
+    cost                numeric     NOT NULL DEFAULT 0 CHECK (cost >= 0),
+    turns_used          integer     NOT NULL DEFAULT 0 CHECK (turns_used >= 0),
+    tool_calls_used     integer     NOT NULL DEFAULT 0 CHECK (tool_calls_used >= 0),
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased
@@ -184,6 +191,39 @@ CREATE TABLE agent_run_steps (
     attempt     integer     NOT NULL,
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, step_key)
+);
+
+-- Usage as it is recorded, one row per record_usage: the last minutes of it
+-- answer a tenant's token rate (runlease_claim), the rest is folded into
+-- agent_usage_daily by the reaper's leader and deleted. No foreign key: a
+-- run deleted by retention keeps what it spent.
+CREATE TABLE agent_run_usage_log (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pool          text        NOT NULL,
+    tenant_id     text        NOT NULL,
+    run_id        uuid        NOT NULL,
+    input_tokens  bigint      NOT NULL CHECK (input_tokens >= 0),
+    output_tokens bigint      NOT NULL CHECK (output_tokens >= 0),
+    cost          numeric     NOT NULL CHECK (cost >= 0),
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX agent_run_usage_log_tenant_idx
+    ON agent_run_usage_log (pool, tenant_id, created_at);
+
+CREATE INDEX agent_run_usage_log_created_idx ON agent_run_usage_log (created_at);
+
+-- Usage per tenant, pool and UTC day (GET /v1/usage reads it with the log's
+-- rows not folded yet).
+CREATE TABLE agent_usage_daily (
+    tenant_id     text        NOT NULL,
+    pool          text        NOT NULL,
+    day           date        NOT NULL,
+    input_tokens  bigint      NOT NULL DEFAULT 0,
+    output_tokens bigint      NOT NULL DEFAULT 0,
+    cost          numeric     NOT NULL DEFAULT 0,
+    records       bigint      NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant_id, pool, day)
 );
 
 -- Leader election (runlease.services.leader): one row per role, such as the
