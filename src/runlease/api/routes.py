@@ -18,6 +18,7 @@ from runlease.api.auth import Principal
 from runlease.api.deps import Admin, JsonBody, Store, Who, api_state, bearer
 from runlease.api.errors import ApiError, invalid, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
+from runlease.api.rates import submit_slot
 from runlease.api.schemas import (
     POOL_PATTERN,
     ErrorBody,
@@ -64,6 +65,8 @@ def tenant_for(body: RunCreate, who: Principal) -> str:
 @router.post(
     "/runs", status_code=201, response_model=RunOut, dependencies=[JsonBody],
     responses={200: {"model": RunOut, "description": "The run this Idempotency-Key names."},
+               429: {"model": ErrorBody, "description": "Over the tenant's submit rate; "
+                                                         "see Retry-After."},
                409: {"model": ErrorBody, "description": "The key names another input's run."},
                413: {"model": ErrorBody, "description": "Body over the bound."},
                415: {"model": ErrorBody,
@@ -74,13 +77,16 @@ async def submit(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                   max_length=255)] = None,
 ) -> RunOut:
-    """Enqueue a run. The same Idempotency-Key again returns the same run (200)."""
-    result = await store.enqueue(
-        body.pool, tenant_for(body, who), body.input, priority=body.priority,
-        max_attempts=body.max_attempts,
-        budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
-        idempotency_key=idempotency_key,
-    )
+    """Enqueue a run. The same Idempotency-Key again returns the same run (200).
+    Over the tenant's submit rate in the pool: 429 with Retry-After."""
+    tenant = tenant_for(body, who)
+    async with submit_slot(store, body.pool, tenant) as conn:
+        result = await store.enqueue(
+            body.pool, tenant, body.input, priority=body.priority,
+            max_attempts=body.max_attempts,
+            budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
+            idempotency_key=idempotency_key, conn=conn,
+        )
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
     else:
@@ -265,7 +271,8 @@ async def put_pool(
     body: PoolIn, who: Admin, store: Store,
 ) -> PoolOut:
     """Create or update a pool: every setting as given (left out: its default);
-    its tenant limits and priority bands become exactly those given (admin)."""
+    its tenant limits, priority bands and rates become exactly those given
+    (admin)."""
     pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
                                      body.default_max_in_flight, body.priority_aging_s,
                                      body.retention_s, body.paused, tuple(body.tool_env)),

@@ -164,6 +164,16 @@ class PriorityBand(Strict):
     max: StrictInt = Field(bounds.PRIORITY_MAX, ge=bounds.PRIORITY_MIN, le=bounds.PRIORITY_MAX)
 
 
+class TenantRate(Strict):
+    """A tenant's rates in a pool (left out: no such rate): runs submitted per
+    minute (more is a 429 with Retry-After) and model tokens per minute (a
+    tenant over it has no run claimed until its last minute is under it)."""
+
+    submits_per_minute: StrictInt | None = Field(None, ge=1,
+                                                 le=bounds.SUBMITS_PER_MINUTE_MAX)
+    tokens_per_minute: StrictInt | None = Field(None, ge=1, le=bounds.TOKENS_PER_MINUTE_MAX)
+
+
 class PoolIn(Strict):
     """A pool's whole settings: a field left out takes its default (PUT
     replaces; `runlease pools upsert` reads the pool first and changes only
@@ -190,13 +200,21 @@ class PoolIn(Strict):
     tenant_priority: dict[str, PriorityBand] = Field(
         default_factory=dict, max_length=10_000,
         description="Per-tenant priority bands; tenants not named may use -100..100.")
+    tenant_rates: dict[str, TenantRate] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Per-tenant submit and model-token rates; tenants not named have none.")
 
     def tenants(self) -> dict[str, TenantLimit]:
-        names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority]))
-        return {t: TenantLimit(
-                    self.tenant_limits.get(t),
-                    *((b.min, b.max) if (b := self.tenant_priority.get(t)) else (None, None)))
-                for t in names}
+        names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority,
+                                    *self.tenant_rates]))
+        out = {}
+        for t in names:
+            band, rate = self.tenant_priority.get(t), self.tenant_rates.get(t)
+            out[t] = TenantLimit(
+                self.tenant_limits.get(t), band.min if band else None,
+                band.max if band else None, rate.submits_per_minute if rate else None,
+                rate.tokens_per_minute if rate else None)
+        return out
 
 
 class PoolOut(BaseModel):
@@ -210,6 +228,7 @@ class PoolOut(BaseModel):
     tool_env: list[str]
     tenant_limits: dict[str, int]
     tenant_priority: dict[str, PriorityBand]
+    tenant_rates: dict[str, TenantRate] = Field(default_factory=dict)
 
     @classmethod
     def of(cls, pool: Pool, tenants: dict[str, TenantLimit]) -> PoolOut:
@@ -224,4 +243,9 @@ class PoolOut(BaseModel):
                            min=bounds.PRIORITY_MIN if s.priority_min is None else s.priority_min,
                            max=bounds.PRIORITY_MAX if s.priority_max is None else s.priority_max)
                        for t, s in tenants.items()
-                       if s.priority_min is not None or s.priority_max is not None})
+                       if s.priority_min is not None or s.priority_max is not None},
+                   tenant_rates={
+                       t: TenantRate(submits_per_minute=s.submits_per_minute,
+                                     tokens_per_minute=s.tokens_per_minute)
+                       for t, s in tenants.items()
+                       if s.submits_per_minute is not None or s.tokens_per_minute is not None})

@@ -227,6 +227,8 @@ def check_step_key(value: object) -> str:
     return _text("step_key", value, KEY_MAX_CHARS, re.compile(r"^[^\x00]+$"))
 
 
+SUBMITS_PER_MINUTE_MAX = 100_000
+TOKENS_PER_MINUTE_MAX = 10**12
 MAX_TOKENS_MAX = 10**12
 MAX_COST_MAX = 1e9
 USAGE_TOKENS_MAX = 10**9  # in one record_usage
@@ -240,6 +242,14 @@ def _number(field: str, value: object, hi: float, *, positive: bool) -> float:
     if not math.isfinite(value) or not (value > 0 if positive else value >= 0) or value > hi:
         raise ValidationError(field, f"must be {'>' if positive else '>='} 0 and at most {hi:g}")
     return float(value)
+
+
+def check_rates(submits_per_minute: object, tokens_per_minute: object) -> None:
+    """A tenant's rates in a pool: None (no rate) or a positive whole number."""
+    if submits_per_minute is not None:
+        _int("submits_per_minute", submits_per_minute, 1, SUBMITS_PER_MINUTE_MAX)
+    if tokens_per_minute is not None:
+        _int("tokens_per_minute", tokens_per_minute, 1, TOKENS_PER_MINUTE_MAX)
 
 
 def check_usage(input_tokens: object, output_tokens: object, cost: object) -> tuple[int, int,

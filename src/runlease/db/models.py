@@ -176,11 +176,16 @@ class TenantLimit:
     max_in_flight: cap on its runs leased at once (None: the pool's
     default_max_in_flight; 0: paused). priority_min/priority_max: the band of
     priorities it may submit (None: -100 / 100); outside it a submit is refused.
+    submits_per_minute: more runs submitted in a minute are refused (HTTP
+    429). tokens_per_minute: over it (model tokens its runs reported in the
+    last minute) none of its runs is claimed until the minute is under it.
     """
 
     max_in_flight: int | None = None
     priority_min: int | None = None
     priority_max: int | None = None
+    submits_per_minute: int | None = None
+    tokens_per_minute: int | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

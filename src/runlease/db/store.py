@@ -11,6 +11,7 @@ each concern, each beside its statements in `sql/`:
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
     usage.py      usage per run and per day     (usage.sql)
+    rates.py      tenants' submit rates         (rates.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -25,6 +26,7 @@ from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
+from runlease.db.rates import RateStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
 from runlease.db.usage import UsageStore
@@ -43,5 +45,5 @@ __all__ = [
 
 
 class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore,
-               UsageStore):
+               UsageStore, RateStore):
     """Every store in one: what the worker, API, operator and services hold."""

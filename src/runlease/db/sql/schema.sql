@@ -49,6 +49,11 @@ CREATE TABLE agent_run_tenant_limits (
     updated_at    timestamptz NOT NULL DEFAULT now(),
     priority_min  integer     CHECK (priority_min BETWEEN -100 AND 100),
     priority_max  integer     CHECK (priority_max BETWEEN -100 AND 100),
+    -- Rates (NULL: none): runs submitted per minute (more is an HTTP 429),
+    -- and model tokens per minute (input plus output, from the usage log: a
+    -- tenant over it has no run claimed until its last minute is under it).
+    submits_per_minute integer CHECK (submits_per_minute BETWEEN 1 AND 100000),
+    tokens_per_minute  bigint  CHECK (tokens_per_minute BETWEEN 1 AND 1000000000000),
     PRIMARY KEY (pool, tenant_id),
     CONSTRAINT agent_run_tenant_limits_band_check CHECK (priority_min <= priority_max)
 );
@@ -310,12 +315,15 @@ DECLARE
     v_eligible      text[];
     v_k             integer;
     v_due           uuid[];
+    v_rated         boolean;
 BEGIN
     SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s, p.paused,
            p.default_max_in_flight IS NOT NULL
            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t
-                       WHERE t.pool = p_pool AND t.max_in_flight IS NOT NULL)
-      INTO v_lease_s, v_default_limit, v_aging_s, v_paused, v_limited
+                       WHERE t.pool = p_pool AND t.max_in_flight IS NOT NULL),
+           EXISTS (SELECT 1 FROM agent_run_tenant_limits t
+                    WHERE t.pool = p_pool AND t.tokens_per_minute IS NOT NULL)
+      INTO v_lease_s, v_default_limit, v_aging_s, v_paused, v_limited, v_rated
       FROM agent_run_pools p WHERE p.name = p_pool;
     IF NOT FOUND OR v_paused OR p_n < 1 THEN
         RETURN;
@@ -349,6 +357,20 @@ BEGIN
                 SELECT t.tenant_id FROM agent_run_tenant_limits t
                  WHERE t.pool = p_pool
                    AND coalesce(t.max_in_flight, v_default_limit) = 0) x;
+    END IF;
+
+    IF v_rated THEN
+        -- Tenants over their token rate: the model tokens their runs logged
+        -- in the last minute (agent_run_usage_log, by its tenant index). Their
+        -- runs wait, in every claimer alike, until the minute is under the rate.
+        v_skip := v_skip || ARRAY(
+            SELECT t.tenant_id FROM agent_run_tenant_limits t
+             WHERE t.pool = p_pool AND t.tokens_per_minute IS NOT NULL
+               AND (SELECT coalesce(sum(l.input_tokens + l.output_tokens), 0)
+                      FROM agent_run_usage_log l
+                     WHERE l.pool = p_pool AND l.tenant_id = t.tenant_id
+                       AND l.created_at > v_now - interval '60 seconds')
+                   >= t.tokens_per_minute);
     END IF;
 
     -- Runs whose backoff is over become ready (a bounded batch per claim;

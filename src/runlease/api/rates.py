@@ -1,0 +1,32 @@
+"""Tenant submit rates at the API: a submit over the tenant's
+submits_per_minute in the pool is a 429 with Retry-After, and nothing is
+written. The check and the insert share one transaction (see
+RateStore.submit_wait), so concurrent submits cannot pass the rate together."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from runlease.api.errors import ApiError
+from runlease.db.store import Conn, RunStore
+
+
+def rate_limited(tenant_id: str, pool: str, wait_s: float) -> ApiError:
+    retry = max(1, math.ceil(wait_s))
+    return ApiError(429, "rate_limited",
+                    f"tenant {tenant_id!r} is over its submit rate in pool {pool!r}; "
+                    f"retry in {retry} s", "pool", headers={"Retry-After": str(retry)})
+
+
+@asynccontextmanager
+async def submit_slot(store: RunStore, pool: str, tenant_id: str,
+                      n: int = 1) -> AsyncIterator[Conn]:
+    """A transaction in which the tenant may submit n runs to the pool:
+    enqueue on the connection it yields. Raises the 429 instead."""
+    async with store.connection() as conn, conn.transaction():
+        wait_s = await store.submit_wait(pool, tenant_id, n, conn=conn)
+        if wait_s is not None:
+            raise rate_limited(tenant_id, pool, wait_s)
+        yield conn
