@@ -34,7 +34,7 @@ from runlease.api.schemas import (
 )
 from runlease.core import bounds
 from runlease.core.states import RunStatus
-from runlease.db.models import Pool, Run
+from runlease.db.models import EnqueueResult, Pool, Run
 from runlease.errors import RunNotFound
 
 router = APIRouter(prefix="/v1")
@@ -80,13 +80,18 @@ async def submit(
     """Enqueue a run. The same Idempotency-Key again returns the same run (200).
     Over the tenant's submit rate in the pool: 429 with Retry-After."""
     tenant = tenant_for(body, who)
+    parent = body.parent_run_id
     async with submit_slot(store, body.pool, tenant) as conn:
+        if parent is not None:
+            await store.check_parent(parent, tenant, conn=conn, admin=who.admin)
         result = await store.enqueue(
             body.pool, tenant, body.input, priority=body.priority,
             max_attempts=body.max_attempts,
             budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
             idempotency_key=idempotency_key, conn=conn,
         )
+        if parent is not None and result.inserted:
+            result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
     else:
@@ -98,8 +103,13 @@ async def submit(
 @router.get("/runs", response_model=RunPage)
 async def list_runs(who: Who, store: Store, status: Status | None = None,
                     pool: PoolName = None, limit: Limit = 50,
-                    cursor: UUID | None = None) -> RunPage:
-    """Runs, newest first; pass `next_cursor` back as `cursor` for the next page."""
+                    cursor: UUID | None = None, parent_run_id: UUID | None = None) -> RunPage:
+    """Runs, newest first; pass `next_cursor` back as `cursor` for the next page.
+    `parent_run_id`: that run's children only."""
+    if parent_run_id is not None:
+        runs = await store.list_children(parent_run_id, tenant_id=who.scope, status=status,
+                                         pool=pool, limit=limit, before=cursor)
+        return page(runs, limit, admin=who.admin)
     runs = await store.list_runs(tenant_id=who.scope, pool=pool, status=status, limit=limit,
                                  before=cursor)
     return page(runs, limit, admin=who.admin)
@@ -134,10 +144,12 @@ async def steps(
                               "description": "The run is finished; the message says how."}})
 async def cancel(run_id: UUID, who: Who, store: Store) -> RunOut:
     """Stop a run: a pending one is cancelled at once; a running one is stopped by
-    its worker, tool processes included. Closing an event stream never cancels
-    anything; only this does. A finished run (done, dead, cancelled) is a 409."""
-    return RunOut.of(await store.request_cancel(run_id, tenant_id=who.scope, strict=True),
-                     admin=who.admin)
+    its worker, tool processes included; its child runs (and theirs) are
+    cancelled too. Closing an event stream never cancels anything; only this
+    does. A finished run (done, dead, cancelled) is a 409."""
+    run = await store.request_cancel(run_id, tenant_id=who.scope, strict=True)
+    await store.cancel_descendants(run_id)  # its children, theirs...: the same tenant's
+    return RunOut.of(run, admin=who.admin)
 
 
 @router.post("/runs/{run_id}/stream-token", response_model=StreamToken)

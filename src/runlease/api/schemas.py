@@ -48,6 +48,9 @@ class RunCreate(Strict):
     budget: BudgetIn | None = None
     tenant_id: str | None = Field(None, min_length=1, max_length=bounds.TENANT_MAX_CHARS,
                                   description="Admin only: the tenant the run belongs to.")
+    parent_run_id: UUID | None = Field(
+        None, description="Submit the run as a child of this run (the same tenant's, "
+                          "not finished): cancelling the parent cancels it.")
 
 
 class LeaseInfo(BaseModel):
@@ -95,6 +98,9 @@ class RunOut(BaseModel):
     last_event_seq: int = Field(description="The seq of the run's latest event; 0 if none.")
     lease: LeaseInfo | None = None
     usage: RunUsage | None = None
+    parent_run_id: UUID | None = None
+    awaiting_children: bool = Field(
+        False, description="Pending and waiting for its children (holding no worker).")
 
     @classmethod
     def of(cls, run: Run, *, admin: bool) -> RunOut:
@@ -111,6 +117,7 @@ class RunOut(BaseModel):
             available_at=run.available_at, created_at=run.created_at,
             updated_at=run.updated_at, finished_at=run.finished_at,
             last_event_seq=run.event_seq, lease=lease, usage=RunUsage.of(run),
+            parent_run_id=run.parent_run_id, awaiting_children=run.awaiting_children,
         )
 
 

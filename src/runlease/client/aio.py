@@ -42,21 +42,24 @@ class AsyncClient:
                      priority: int | None = None, max_attempts: int | None = None,
                      budget: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None,
-                     tenant_id: str | None = None) -> RunView:
+                     tenant_id: str | None = None,
+                     parent_run_id: UUID | str | None = None) -> RunView:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = await self._http.post("/v1/runs", headers=headers,
                                          json=self._calls.submit_body(
                                              input, pool, priority, max_attempts, budget,
-                                             tenant_id))
+                                             tenant_id, parent_run_id))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
     async def get(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(await self._call("GET", f"/v1/runs/{run_id}"))
 
     async def list(self, *, status: str | None = None, pool: str | None = None,
-                   limit: int = 50, cursor: str | None = None) -> RunPage:
+                   limit: int = 50, cursor: str | None = None,
+                   parent_run_id: UUID | str | None = None) -> RunPage:
         return self._calls.page(await self._call(
-            "GET", "/v1/runs", params=self._calls.list_params(status, pool, limit, cursor)))
+            "GET", "/v1/runs", params=self._calls.list_params(status, pool, limit, cursor,
+                                                              parent_run_id)))
 
     async def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/cancel"))

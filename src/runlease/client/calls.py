@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date
 from typing import Any
+from uuid import UUID
 
 import httpx
 
@@ -36,18 +37,24 @@ class Calls:
     @staticmethod
     def submit_body(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
                     max_attempts: int | None, budget: Mapping[str, Any] | None,
-                    tenant_id: str | None) -> dict[str, Any]:
+                    tenant_id: str | None, parent_run_id: UUID | str | None = None
+                    ) -> dict[str, Any]:
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
-                           ("budget", budget), ("tenant_id", tenant_id)):
+                           ("budget", budget), ("tenant_id", tenant_id),
+                           ("parent_run_id", None if parent_run_id is None
+                            else str(parent_run_id))):
             if value is not None:
                 body[key] = value
         return body
 
     @staticmethod
     def list_params(status: str | None, pool: str | None, limit: int,
-                    cursor: str | None) -> dict[str, Any]:
+                    cursor: str | None, parent_run_id: UUID | str | None = None
+                    ) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit}
+        if parent_run_id is not None:
+            params["parent_run_id"] = str(parent_run_id)
         if status:
             params["status"] = status
         if pool:

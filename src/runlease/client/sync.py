@@ -41,19 +41,20 @@ class Client:
     def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
                priority: int | None = None, max_attempts: int | None = None,
                budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
-               tenant_id: str | None = None) -> RunView:
+               tenant_id: str | None = None,
+               parent_run_id: UUID | str | None = None) -> RunView:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = self._http.post("/v1/runs", headers=headers, json=self._calls.submit_body(
-            input, pool, priority, max_attempts, budget, tenant_id))
+            input, pool, priority, max_attempts, budget, tenant_id, parent_run_id))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
     def get(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(self._call("GET", f"/v1/runs/{run_id}"))
 
     def list(self, *, status: str | None = None, pool: str | None = None, limit: int = 50,
-             cursor: str | None = None) -> RunPage:
+             cursor: str | None = None, parent_run_id: UUID | str | None = None) -> RunPage:
         return self._calls.page(self._call("GET", "/v1/runs", params=self._calls.list_params(
-            status, pool, limit, cursor)))
+            status, pool, limit, cursor, parent_run_id)))
 
     def cancel(self, run_id: UUID | str) -> RunView:
         return RunView.from_json(self._call("POST", f"/v1/runs/{run_id}/cancel"))

@@ -36,6 +36,8 @@ class RunView:
     finished_at: datetime | None = None
     lease: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None  # tokens, cost, turns, tool calls: all attempts
+    parent_run_id: UUID | None = None
+    awaiting_children: bool = False  # pending, waiting for its children
     created: bool = field(default=True, compare=False)  # False: an Idempotency-Key repeat
 
     @property
@@ -50,6 +52,8 @@ class RunView:
             k: (datetime.fromisoformat(v) if k in stamps and v else v)
             for k, v in data.items() if k in cls.__dataclass_fields__}
         values["id"] = UUID(str(data["id"]))
+        if values.get("parent_run_id"):
+            values["parent_run_id"] = UUID(str(values["parent_run_id"]))
         values["created"] = created
         return cls(**values)
 

@@ -62,6 +62,8 @@ class Run:
     cost: Decimal = Decimal(0)
     turns_used: int = 0
     tool_calls_used: int = 0
+    parent_run_id: UUID | None = None
+    awaiting_children: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

@@ -12,6 +12,7 @@ each concern, each beside its statements in `sql/`:
     stats.py      queue statistics              (stats.sql)
     usage.py      usage per run and per day     (usage.sql)
     rates.py      tenants' submit rates         (rates.sql)
+    children.py   child runs, waiting for them  (children.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -21,6 +22,7 @@ the fence matches zero rows.
 
 from __future__ import annotations
 
+from runlease.db.children import ChildStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
@@ -44,6 +46,6 @@ __all__ = [
 ]
 
 
-class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore,
-               UsageStore, RateStore):
+class RunStore(ChildStore, QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore,
+               StatsStore, UsageStore, RateStore):
     """Every store in one: what the worker, API, operator and services hold."""

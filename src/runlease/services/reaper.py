@@ -1,4 +1,5 @@
-"""The reaper: expired leases back to the queue, retention, the usage rollup.
+"""The reaper: expired leases back to the queue, retention, the usage rollup,
+parents whose children have finished made due again.
 
 Retention follows each pool's own retention_s (agent_run_pools), so whichever
 process wins the election deletes by the same windows: the pool row is the
@@ -45,6 +46,7 @@ class Reaper(PeriodicService):
         await self.reap()
         await self.retain()
         await self.roll_up_usage()
+        await self.wake_parents()
 
     async def reap(self) -> int:
         total = 0
@@ -85,4 +87,16 @@ class Reaper(PeriodicService):
             total += n
             if n < self.batch:
                 break
+        return total
+
+    async def wake_parents(self) -> int:
+        """Parents waiting for children that have all finished become due."""
+        total = 0
+        for _ in range(self.max_batches):
+            n = await self.store.wake_parents(batch=self.batch)
+            total += n
+            if n < self.batch:
+                break
+        if total:
+            log.info("parents_woken runs=%d", total)
         return total

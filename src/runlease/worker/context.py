@@ -10,8 +10,8 @@
 
 Every write goes through the run's lease (fenced); a write that finds the
 lease gone raises LeaseLost and the worker stops the run. Transient database
-trouble is retried here until the worker's own fencing gives up, so agents
-do not see it.
+trouble is retried here until the worker's own fencing gives up. Budgets:
+worker/budget.py; child runs: worker/children.py.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
 from runlease.worker.budget import BudgetKeeper
 from runlease.worker.cancellable_http import CancellableHttp
+from runlease.worker.children import Children
 from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
-from runlease.worker.tool_output import OutputEvents
+from runlease.worker.tool_output import OutputEvents, text_pieces
 from runlease.worker.tools import ToolResult, ToolRunner
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class RunContext:
         started = self._clock.monotonic() if started is None else started
         self._budget = BudgetKeeper(lease, store, write=self._write, clock=self._clock,
                                     started=started)
+        self._children = Children(lease, store, self.step, self._write)
         self.http = CancellableHttp(cancel)
         self._write_lock = asyncio.Lock()
         self._deltas: list[str] = []
@@ -121,10 +123,8 @@ class RunContext:
 
     @property
     def lease_lost(self) -> bool:
-        """True once this attempt's lease is gone (another attempt may own the
-        run now): the agent's task is being cancelled and nothing it writes
-        will be stored. Agent code that catches the cancellation can read it
-        to tell a lost lease from a Stop or a drain."""
+        """True once this attempt's lease is gone: its task is being cancelled
+        and nothing it writes is stored (tells a lost lease from a Stop)."""
         return self._fence is not None and self._fence.lease_lost
 
     @property
@@ -132,8 +132,7 @@ class RunContext:
         return self._budget.budget
 
     @property
-    def turns(self) -> int:
-        """This attempt's turns, replayed ones included."""
+    def turns(self) -> int:  # this attempt's, replayed ones included
         return self._budget.turns
 
     @property
@@ -152,8 +151,8 @@ class RunContext:
         self._budget.check_deadline()
 
     async def start(self) -> None:
-        """Called by the worker before the agent: loads what earlier attempts
-        used; BudgetExceeded when nothing of the budget is left."""
+        """Before the agent (the worker calls it): BudgetExceeded if earlier
+        attempts spent the budget."""
         await self._budget.start()
 
     async def begin_turn(self) -> int:
@@ -171,6 +170,18 @@ class RunContext:
         max_cost: the run ends dead at once."""
         return await self._budget.record(input_tokens, output_tokens, cost)
 
+    async def submit_child(self, input: Mapping[str, Any], **options: Any) -> str:  # noqa: A002
+        """Submit a child run in this run's tenant (a durable step; options:
+        key, pool, priority, max_attempts, budget); returns its id."""
+        return await self._children.submit(input, **options)
+
+    async def wait_children(self) -> list[dict[str, Any]]:
+        """Every child's outcome once all have finished; until then the run is
+        parked holding no worker slot, and run again when they are (see
+        worker/children.py)."""
+        await self.flush()
+        return await self._children.wait()
+
     async def sleep(self, seconds: float) -> None:
         """Sleep, but wake with RunCancelled as soon as the run is cancelled."""
         if await sleep(seconds, self._cancel):
@@ -179,10 +190,8 @@ class RunContext:
     # -- writes, fenced by the lease ---------------------------------------------
 
     async def _write(self, op: Callable[[], Awaitable[T]]) -> T:
-        """A fenced write that rides out database trouble, but never past the
-        fence: each try first checks the attempt may still write, so a write
-        retried through an outage is dropped, not sent, once the lease could
-        have expired."""
+        """A fenced write that rides out database trouble, never past the
+        fence: a try after the lease could have expired is dropped, not sent."""
         delay = 0.1
         while True:
             if self._fence is not None and not self._fence.may_write():
@@ -259,7 +268,7 @@ class RunContext:
             # bound. The store redacts each event alone, so redact the whole
             # first: a secret cut in two here is already masked.
             text = self.store.redactor.text(text)
-        events = [(kind, {"text": piece}) for piece in _pieces(text, DELTA_EVENT_CHARS)]
+        events = [(kind, {"text": piece}) for piece in text_pieces(text, DELTA_EVENT_CHARS)]
         async with self._write_lock:
             await self._write(lambda: self.store.record_events(self.lease, events))
 
@@ -376,18 +385,6 @@ class RunContext:
             self._delta_flush.cancel()
             await asyncio.wait({self._delta_flush})
         await self.http.aclose()
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    """text in pieces of at most size characters, each ending after the last
-    whitespace in it when there is one."""
-    pieces = []
-    while len(text) > size:
-        cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size)) + 1 or size
-        pieces.append(text[:cut])
-        text = text[cut:]
-    pieces.append(text)
-    return pieces
 
 
 def _now() -> datetime:

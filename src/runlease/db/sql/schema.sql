@@ -104,6 +104,13 @@ CREATE TABLE agent_runs (
     cost                numeric     NOT NULL DEFAULT 0 CHECK (cost >= 0),
     turns_used          integer     NOT NULL DEFAULT 0 CHECK (turns_used >= 0),
     tool_calls_used     integer     NOT NULL DEFAULT 0 CHECK (tool_calls_used >= 0),
+    -- Child runs: the run that submitted this one (same tenant). No foreign
+    -- key, as for pool: a parent deleted by retention leaves its children be.
+    parent_run_id       uuid,
+    -- A parent waiting for its children (RunContext.wait_children): pending
+    -- and delayed with available_at far ahead, holding no worker slot, until
+    -- the reaper's leader finds its children finished and makes it due.
+    awaiting_children   boolean     NOT NULL DEFAULT false,
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased
@@ -151,6 +158,16 @@ CREATE INDEX agent_runs_pending_priority_idx
 CREATE INDEX agent_runs_delayed_idx
     ON agent_runs (pool, available_at)
     WHERE status = 'pending' AND delayed;
+
+-- A run's children (listing, waiting, cancel cascade); most runs have no parent.
+CREATE INDEX agent_runs_parent_idx
+    ON agent_runs (parent_run_id)
+    WHERE parent_run_id IS NOT NULL;
+
+-- Parents waiting for their children: what the leader's wake pass scans.
+CREATE INDEX agent_runs_awaiting_idx
+    ON agent_runs (id)
+    WHERE awaiting_children AND status = 'pending';
 
 CREATE UNIQUE INDEX agent_runs_idempotency_idx
     ON agent_runs (pool, tenant_id, idempotency_key)

@@ -1,13 +1,23 @@
 -- 0011: agent economics. Usage summed per run across attempts, a log of
 -- usage as recorded (a tenant's token rate) folded into a daily rollup;
 -- per-tenant rates (submits and tokens per minute), the token rate checked
--- inside runlease_claim.
+-- inside runlease_claim; child runs (parent_run_id, a parent waiting for them).
 ALTER TABLE agent_runs
     ADD COLUMN input_tokens bigint NOT NULL DEFAULT 0 CHECK (input_tokens >= 0),
     ADD COLUMN output_tokens bigint NOT NULL DEFAULT 0 CHECK (output_tokens >= 0),
     ADD COLUMN cost numeric NOT NULL DEFAULT 0 CHECK (cost >= 0),
     ADD COLUMN turns_used integer NOT NULL DEFAULT 0 CHECK (turns_used >= 0),
-    ADD COLUMN tool_calls_used integer NOT NULL DEFAULT 0 CHECK (tool_calls_used >= 0);
+    ADD COLUMN tool_calls_used integer NOT NULL DEFAULT 0 CHECK (tool_calls_used >= 0),
+    ADD COLUMN parent_run_id uuid,
+    ADD COLUMN awaiting_children boolean NOT NULL DEFAULT false;
+
+CREATE INDEX agent_runs_parent_idx
+    ON agent_runs (parent_run_id)
+    WHERE parent_run_id IS NOT NULL;
+
+CREATE INDEX agent_runs_awaiting_idx
+    ON agent_runs (id)
+    WHERE awaiting_children AND status = 'pending';
 
 CREATE TABLE agent_run_usage_log (
     id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
