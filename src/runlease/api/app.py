@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease import __version__, metrics
-from runlease.api import errors, routes, usage
+from runlease.api import errors, routes, usage, webhooks
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
@@ -182,6 +182,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(usage.router)
+    app.include_router(webhooks.router)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),

@@ -84,6 +84,8 @@ async def submit(
     async with submit_slot(store, body.pool, tenant) as conn:
         if parent is not None:
             await store.check_parent(parent, tenant, conn=conn, admin=who.admin)
+        if body.webhook_url is not None:
+            await store.check_webhook_url(body.webhook_url, conn=conn)
         result = await store.enqueue(
             body.pool, tenant, body.input, priority=body.priority,
             max_attempts=body.max_attempts,
@@ -92,6 +94,8 @@ async def submit(
         )
         if parent is not None and result.inserted:
             result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
+        if body.webhook_url is not None and result.inserted:
+            await store.add_webhook(result.run.id, tenant, body.webhook_url, conn=conn)
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
     else:

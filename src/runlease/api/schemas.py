@@ -51,6 +51,10 @@ class RunCreate(Strict):
     parent_run_id: UUID | None = Field(
         None, description="Submit the run as a child of this run (the same tenant's, "
                           "not finished): cancelling the parent cancels it.")
+    webhook_url: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description="POSTed a signed notice when the run finishes; its host must be on the "
+                    "admin's webhook allowlist.")
 
 
 class LeaseInfo(BaseModel):

@@ -43,12 +43,13 @@ class AsyncClient:
                      budget: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None,
                      tenant_id: str | None = None,
-                     parent_run_id: UUID | str | None = None) -> RunView:
+                     parent_run_id: UUID | str | None = None,
+                     webhook_url: str | None = None) -> RunView:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = await self._http.post("/v1/runs", headers=headers,
                                          json=self._calls.submit_body(
                                              input, pool, priority, max_attempts, budget,
-                                             tenant_id, parent_run_id))
+                                             tenant_id, parent_run_id, webhook_url))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
     async def get(self, run_id: UUID | str) -> RunView:
@@ -121,4 +122,9 @@ class AsyncClient:
         grouped by "tenant", "pool" or "day": GET /v1/usage's JSON."""
         params = self._calls.usage_params(start, end, group_by, tenant_id, pool)
         result: dict[str, Any] = await self._call("GET", "/v1/usage", params=params)
+        return result
+
+    async def webhook(self, run_id: UUID | str) -> dict[str, Any]:
+        """The run's webhook delivery: {url, state, tries, attempts, ...}."""
+        result: dict[str, Any] = await self._call("GET", f"/v1/runs/{run_id}/webhook")
         return result

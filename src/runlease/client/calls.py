@@ -37,13 +37,13 @@ class Calls:
     @staticmethod
     def submit_body(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
                     max_attempts: int | None, budget: Mapping[str, Any] | None,
-                    tenant_id: str | None, parent_run_id: UUID | str | None = None
-                    ) -> dict[str, Any]:
+                    tenant_id: str | None, parent_run_id: UUID | str | None = None,
+                    webhook_url: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id),
                            ("parent_run_id", None if parent_run_id is None
-                            else str(parent_run_id))):
+                            else str(parent_run_id)), ("webhook_url", webhook_url)):
             if value is not None:
                 body[key] = value
         return body

@@ -42,10 +42,12 @@ class Client:
                priority: int | None = None, max_attempts: int | None = None,
                budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
                tenant_id: str | None = None,
-               parent_run_id: UUID | str | None = None) -> RunView:
+               parent_run_id: UUID | str | None = None,
+               webhook_url: str | None = None) -> RunView:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         response = self._http.post("/v1/runs", headers=headers, json=self._calls.submit_body(
-            input, pool, priority, max_attempts, budget, tenant_id, parent_run_id))
+            input, pool, priority, max_attempts, budget, tenant_id, parent_run_id,
+            webhook_url))
         return RunView.from_json(self._calls.check(response), response.status_code == 201)
 
     def get(self, run_id: UUID | str) -> RunView:
@@ -133,4 +135,9 @@ class Client:
         grouped by "tenant", "pool" or "day": GET /v1/usage's JSON."""
         params = self._calls.usage_params(start, end, group_by, tenant_id, pool)
         result: dict[str, Any] = self._call("GET", "/v1/usage", params=params)
+        return result
+
+    def webhook(self, run_id: UUID | str) -> dict[str, Any]:
+        """The run's webhook delivery: {url, state, tries, attempts, ...}."""
+        result: dict[str, Any] = self._call("GET", f"/v1/runs/{run_id}/webhook")
         return result

@@ -13,6 +13,7 @@ each concern, each beside its statements in `sql/`:
     usage.py      usage per run and per day     (usage.sql)
     rates.py      tenants' submit rates         (rates.sql)
     children.py   child runs, waiting for them  (children.sql)
+    webhooks.py   completion webhooks           (webhooks.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -32,6 +33,7 @@ from runlease.db.rates import RateStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
 from runlease.db.usage import UsageStore
+from runlease.db.webhooks import WebhookStore
 
 __all__ = [
     "MAX_BATCH",
@@ -47,5 +49,5 @@ __all__ = [
 
 
 class RunStore(ChildStore, QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore,
-               StatsStore, UsageStore, RateStore):
+               StatsStore, UsageStore, RateStore, WebhookStore):
     """Every store in one: what the worker, API, operator and services hold."""

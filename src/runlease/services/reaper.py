@@ -1,5 +1,5 @@
 """The reaper: expired leases back to the queue, retention, the usage rollup,
-parents whose children have finished made due again.
+parents whose children have finished made due again, completion webhooks.
 
 Retention follows each pool's own retention_s (agent_run_pools), so whichever
 process wins the election deletes by the same windows: the pool row is the
@@ -18,6 +18,7 @@ from runlease import metrics
 from runlease.db.store import RunStore
 from runlease.services.leader import LeaderElector
 from runlease.services.loop import PeriodicService
+from runlease.services.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Reaper(PeriodicService):
         self.elector = elector
         self.batch = batch
         self.max_batches = max_batches
+        self.webhooks = WebhookSender(store)
 
     async def run_once(self) -> None:
         if not self.elector.is_leader:
@@ -47,6 +49,7 @@ class Reaper(PeriodicService):
         await self.retain()
         await self.roll_up_usage()
         await self.wake_parents()
+        await self.webhooks.run_once()
 
     async def reap(self) -> int:
         total = 0

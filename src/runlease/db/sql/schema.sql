@@ -248,6 +248,44 @@ CREATE TABLE agent_usage_daily (
     PRIMARY KEY (tenant_id, pool, day)
 );
 
+-- Completion webhooks. Hosts a run's webhook_url may name, as the admin
+-- configures them (`*.example.com` matches subdomains); allow_private lets
+-- the host resolve to loopback, private or link-local addresses.
+CREATE TABLE runlease_webhook_hosts (
+    pattern       text        PRIMARY KEY
+                              CHECK (pattern ~ '^(\*\.)?[a-z0-9]([a-z0-9.:\[\]-]{0,251}[a-z0-9\]])?$'),
+    allow_private boolean     NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- Each tenant's signing key: deliveries carry HMAC-SHA256(secret, timestamp
+-- "." body), so a tenant can check them and no tenant can forge another's.
+CREATE TABLE agent_webhook_secrets (
+    tenant_id     text        PRIMARY KEY CHECK (length(tenant_id) BETWEEN 1 AND 128),
+    secret        text        NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- One delivery per run that named a webhook_url: waiting until the run is
+-- finished, then POSTed by the reaper's leader, retried with backoff;
+-- attempts keeps the last ones ({at, status_code, error}).
+CREATE TABLE agent_run_webhooks (
+    run_id        uuid        PRIMARY KEY REFERENCES agent_runs (id) ON DELETE CASCADE,
+    tenant_id     text        NOT NULL,
+    url           text        NOT NULL CHECK (length(url) BETWEEN 1 AND 2048),
+    state         text        NOT NULL DEFAULT 'waiting'
+                              CHECK (state IN ('waiting', 'delivered', 'failed')),
+    tries         integer     NOT NULL DEFAULT 0,
+    next_at       timestamptz NOT NULL DEFAULT now(),
+    delivered_at  timestamptz,
+    attempts      jsonb       NOT NULL DEFAULT '[]'::jsonb,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX agent_run_webhooks_waiting_idx
+    ON agent_run_webhooks (next_at)
+    WHERE state = 'waiting';
+
 -- Leader election (runlease.services.leader): one row per role, such as the
 -- reaper; whoever finds it expired takes it, and the term grows at every change.
 CREATE TABLE runlease_leaders (
