@@ -29,7 +29,7 @@ _HOST_RE = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9.:\[\]-]{0,251}[a-z0-9\]])?$")
 
 
 def check_host_pattern(pattern: object) -> str:
-    if not isinstance(pattern, str) or not _HOST_RE.match(pattern):
+    if not isinstance(pattern, str) or not _HOST_RE.fullmatch(pattern):
         raise ValidationError("host", "a host name, an address or *.domain, lower case")
     return pattern
 
