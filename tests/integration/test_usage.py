@@ -19,6 +19,7 @@ from runlease.client import AsyncClient, Client
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
 from runlease.errors import LeaseLost, ValidationError
+from tests.support import agents
 from tests.support.api import Api
 from tests.support.waiting import until
 from tests.support.workers import running_worker
@@ -215,3 +216,23 @@ async def test_runlease_usage_prints_a_tenants_usage(api: Api, live_store: RunSt
     refused = await asyncio.to_thread(run, "--tenant", "globex")
     assert refused.exit_code == 1
     assert "422" in refused.output
+
+
+async def test_a_run_whose_budget_an_earlier_attempt_spent_ends_before_its_agent_runs(
+    live_store: RunStore, db_url: str
+) -> None:
+    """Attempt 1 reported 150 of 100 tokens and its worker died before
+    failing the run; the next claim ends it budget_exceeded at once."""
+    queued = await live_store.enqueue("default", "acme", {"seconds": 0},
+                                      budget={"max_tokens": 100}, max_attempts=3)
+    (lease,) = await live_store.claim("default", "doomed", 1)
+    await live_store.record_usage(lease, input_tokens=150)
+    await live_store.release("doomed", [(lease.run_id, lease.epoch)])  # its attempt back
+    async with running_worker(db_url, agents.sleepy):
+        async def dead() -> Any:
+            run = await live_store.get(queued.run.id)
+            return run if run.status == "dead" else None
+        run = await until(dead, what="the run to be dead")
+    assert run.error_code == "budget_exceeded"
+    assert "150 used" in (run.error_message or "")
+    assert "started" not in [e.kind for e in await live_store.events_after(run.id)]

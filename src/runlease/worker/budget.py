@@ -55,12 +55,15 @@ class BudgetKeeper:
                 - (self._clock.monotonic() - self._started))
 
     async def start(self) -> None:
-        """Before the agent runs: what earlier attempts used, and whether
-        anything is left (BudgetExceeded if not)."""
+        """Before the agent runs: whether earlier attempts left anything of
+        a token or cost budget (BudgetExceeded if not); read only for such a
+        budget on a later attempt."""
         self.check_deadline()
-        if self.usage is None:
+        if self.usage is None and (self.budget.max_tokens is not None
+                                   or self.budget.max_cost is not None):
             self.usage = await self._write(lambda: self._store.run_usage(self._lease.run_id))
-        self._check(self.usage)
+        if self.usage is not None:
+            self._check(self.usage)
 
     def check_deadline(self) -> None:
         left = self.deadline_left_s
