@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, StrictBool
 
 from runlease.api.deps import Admin, JsonBody, Store, Who
 from runlease.api.errors import invalid
-from runlease.api.schemas import Strict
+from runlease.api.schemas import ErrorBody, Strict
 from runlease.core import bounds
 from runlease.errors import RunNotFound
 
@@ -61,7 +61,9 @@ async def webhook_hosts(who: Admin, store: Store) -> WebhookHosts:
                                for h, p in await store.webhook_hosts()])
 
 
-@router.put("/webhook-hosts", response_model=WebhookHosts, dependencies=[JsonBody])
+@router.put("/webhook-hosts", response_model=WebhookHosts, dependencies=[JsonBody],
+            responses={415: {"model": ErrorBody,
+                             "description": "No `Content-Type: application/json`."}})
 async def put_webhook_hosts(body: WebhookHosts, who: Admin, store: Store) -> WebhookHosts:
     """The hosts runs' webhook URLs may name become exactly these (admin)."""
     await store.set_webhook_hosts([(h.host, h.allow_private) for h in body.hosts])
