@@ -4,12 +4,16 @@ worker slot (ctx.wait_children), cancelled with their parent."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 from uuid import uuid4
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from runlease.cli import main as cli
 from runlease.client import AsyncClient, NotFound, RunView
 from runlease.db.store import RunStore
 from runlease.errors import LeaseLost
@@ -128,3 +132,14 @@ async def test_submit_child_is_fenced_and_idempotent(live_store: RunStore) -> No
         await live_store.submit_child(lease, {"x": 2}, key="b")
     assert [c.id for c in await live_store.list_children(lease.run_id)] == [one.id]
     assert await live_store.list_children(lease.run_id, tenant_id="globex") == []
+
+
+async def test_runlease_runs_children_lists_them(api: Api) -> None:
+    async with AsyncClient(api.url, api.token("acme")) as acme:
+        parent = await acme.submit({"steps": []})
+        child = await acme.submit({"steps": []}, parent_run_id=parent.id)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, [
+        "runs", "children", str(parent.id), "--api-url", api.url, "--token",
+        api.token("acme"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert [i["id"] for i in json.loads(result.stdout)["items"]] == [str(child.id)]

@@ -14,7 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from runlease.cli import main as cli
 from runlease.client import AsyncClient, NotFound
 from runlease.core.webhooks import verify
 from runlease.db.store import RunStore
@@ -146,3 +148,21 @@ async def test_a_waiting_run_is_not_delivered_and_tenants_see_their_own(
     assert theirs.status_code == 422
     assert rotated.json()["secret"] != mine.json()["secret"]
     assert hosts.status_code == 403
+
+
+async def test_the_cli_sets_hosts_and_shows_the_key(api: Api) -> None:
+    def run(who: str, *args: str) -> Any:
+        result = CliRunner().invoke(cli, [*args, "--api-url", api.url, "--token",
+                                          api.token(who)])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    out = await asyncio.to_thread(run, "admin", "webhooks", "hosts", "--set",
+                                  "127.0.0.1:private", "--set", "*.hooks.example.com", "--json")
+    assert json.loads(out)["hosts"] == [
+        {"host": "*.hooks.example.com", "allow_private": False},
+        {"host": "127.0.0.1", "allow_private": True}]
+    key = (await asyncio.to_thread(run, "acme", "webhooks", "secret")).strip()
+    async with AsyncClient(api.url, api.token("acme")) as client:
+        assert await client.webhook_secret() == key
+        assert await client.webhook_secret(rotate=True) != key

@@ -6,10 +6,13 @@ from __future__ import annotations
 from runlease.cli.client import dead, pools, runs
 from runlease.cli.server import api, main, operator, run, worker
 from runlease.cli.usage import usage
+from runlease.cli.webhooks import children, webhooks
 
 main.add_command(runs)
 main.add_command(dead)
 main.add_command(pools)
 main.add_command(usage)
+main.add_command(webhooks)
+runs.add_command(children)
 
 __all__ = ["api", "main", "operator", "run", "worker"]

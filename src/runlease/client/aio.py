@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import date
@@ -128,3 +129,21 @@ class AsyncClient:
         """The run's webhook delivery: {url, state, tries, attempts, ...}."""
         result: dict[str, Any] = await self._call("GET", f"/v1/runs/{run_id}/webhook")
         return result
+
+    async def webhook_hosts(self, hosts: builtins.list[dict[str, Any]] | None = None
+                            ) -> dict[str, Any]:
+        """The webhook allowlist (admin): {hosts: [{host, allow_private}]}; with
+        `hosts`, make it exactly those first."""
+        if hosts is None:
+            got: dict[str, Any] = await self._call("GET", "/v1/webhook-hosts")
+        else:
+            got = await self._call("PUT", "/v1/webhook-hosts", json={"hosts": hosts})
+        return got
+
+    async def webhook_secret(self, *, rotate: bool = False,
+                       tenant_id: str | None = None) -> str:
+        """The key that signs the tenant's deliveries (a new one with rotate)."""
+        path = "/v1/webhook-secret/rotate" if rotate else "/v1/webhook-secret"
+        got: dict[str, Any] = await self._call("POST" if rotate else "GET", path,
+                                           params={"tenant_id": tenant_id} if tenant_id else {})
+        return str(got["secret"])

@@ -141,3 +141,21 @@ class Client:
         """The run's webhook delivery: {url, state, tries, attempts, ...}."""
         result: dict[str, Any] = self._call("GET", f"/v1/runs/{run_id}/webhook")
         return result
+
+    def webhook_hosts(self, hosts: builtins.list[dict[str, Any]] | None = None
+                      ) -> dict[str, Any]:
+        """The webhook allowlist (admin): {hosts: [{host, allow_private}]}; with
+        `hosts`, make it exactly those first."""
+        if hosts is None:
+            got: dict[str, Any] = self._call("GET", "/v1/webhook-hosts")
+        else:
+            got = self._call("PUT", "/v1/webhook-hosts", json={"hosts": hosts})
+        return got
+
+    def webhook_secret(self, *, rotate: bool = False,
+                       tenant_id: str | None = None) -> str:
+        """The key that signs the tenant's deliveries (a new one with rotate)."""
+        path = "/v1/webhook-secret/rotate" if rotate else "/v1/webhook-secret"
+        got: dict[str, Any] = self._call("POST" if rotate else "GET", path,
+                                           params={"tenant_id": tenant_id} if tenant_id else {})
+        return str(got["secret"])
