@@ -9,13 +9,13 @@ import math
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from runlease.api.errors import ApiError
+from runlease.api.errors import ErrorAnswer
 from runlease.db.store import Conn, RunStore
 
 
-def rate_limited(tenant_id: str, pool: str, wait_s: float) -> ApiError:
+def rate_limited(tenant_id: str, pool: str, wait_s: float) -> ErrorAnswer:
     retry = max(1, math.ceil(wait_s))
-    return ApiError(429, "rate_limited",
+    return ErrorAnswer(429, "rate_limited",
                     f"tenant {tenant_id!r} is over its submit rate in pool {pool!r}; "
                     f"retry in {retry} s", "pool", headers={"Retry-After": str(retry)})
 

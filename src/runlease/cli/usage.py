@@ -7,7 +7,7 @@ from datetime import datetime
 import click
 from rich.table import Table
 
-from runlease.cli import client as cli
+from runlease.cli import terminal as cli
 
 
 @click.command("usage")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from runlease.cli import client as cli
+from runlease.cli import terminal as cli
 
 
 @click.group()

@@ -10,6 +10,7 @@ each concern, each beside its statements in `sql/`:
     pools.py      pools and per-tenant settings (pools.sql)
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
+    workers.py    the workers registry          (workers.sql)
     usage.py      usage per run and per day     (usage.sql)
     rates.py      tenants' submit rates         (rates.sql)
     children.py   child runs, waiting for them  (children.sql)
@@ -34,6 +35,7 @@ from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
 from runlease.db.usage import UsageStore
 from runlease.db.webhooks import WebhookStore
+from runlease.db.workers import Registration, WorkerRow, WorkerStore
 
 __all__ = [
     "MAX_BATCH",
@@ -42,12 +44,14 @@ __all__ = [
     "Conn",
     "NewRun",
     "QueueStats",
+    "Registration",
     "Rendered",
     "RunStore",
+    "WorkerRow",
     "stale_writes",
 ]
 
 
 class RunStore(ChildStore, QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore,
-               StatsStore, UsageStore, RateStore, WebhookStore):
+               StatsStore, WorkerStore, UsageStore, RateStore, WebhookStore):
     """Every store in one: what the worker, API, operator and services hold."""
