@@ -143,3 +143,15 @@ async def test_runlease_runs_children_lists_them(api: Api) -> None:
         api.token("acme"), "--json"])
     assert result.exit_code == 0, result.output
     assert [i["id"] for i in json.loads(result.stdout)["items"]] == [str(child.id)]
+
+
+async def test_runlease_runs_show_lists_the_children(api: Api) -> None:
+    async with AsyncClient(api.url, api.token("acme")) as acme:
+        parent = await acme.submit({"steps": []})
+        child = await acme.submit({"steps": []}, parent_run_id=parent.id)
+    result = await asyncio.to_thread(CliRunner().invoke, cli, [
+        "runs", "show", str(parent.id), "--api-url", api.url, "--token", api.token("acme"),
+        "--wide"])
+    assert result.exit_code == 0, result.output
+    assert "children" in result.stdout
+    assert str(child.id) in result.stdout
