@@ -161,7 +161,7 @@ CREATE INDEX agent_runs_delayed_idx
 
 -- A run's children (listing, waiting, cancel cascade); most runs have no parent.
 CREATE INDEX agent_runs_parent_idx
-    ON agent_runs (parent_run_id)
+    ON agent_runs (parent_run_id, id)
     WHERE parent_run_id IS NOT NULL;
 
 -- Parents waiting for their children: what the leader's wake pass scans.

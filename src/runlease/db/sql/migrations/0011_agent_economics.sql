@@ -13,7 +13,7 @@ ALTER TABLE agent_runs
     ADD COLUMN awaiting_children boolean NOT NULL DEFAULT false;
 
 CREATE INDEX agent_runs_parent_idx
-    ON agent_runs (parent_run_id)
+    ON agent_runs (parent_run_id, id)
     WHERE parent_run_id IS NOT NULL;
 
 CREATE INDEX agent_runs_awaiting_idx
