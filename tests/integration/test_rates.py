@@ -168,3 +168,22 @@ async def test_a_token_rate_under_its_limit_does_not_hold_runs(
     await store.record_usage(claimed[0], output_tokens=1)  # 1000: at the rate
     await store.enqueue("rated", "acme", {"steps": []})
     assert await store.claim("rated", "w", 5) == []
+
+
+async def test_a_batch_over_the_submit_rate_is_a_429_and_writes_nothing(
+    api: Api, db_url: str
+) -> None:
+    assert (await put_rates(api, "default", {"acme": {"submits_per_minute": 3}})).status_code \
+        == 200
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+        too_many = await http.post("/v1/runs/batch", json={"runs": [{"input": {"i": i}}
+                                                                    for i in range(4)]})
+        assert too_many.status_code == 429, too_many.text
+        assert 1 <= int(too_many.headers["Retry-After"]) <= 60
+        assert count_runs(db_url, "acme") == 0
+        fits = await http.post("/v1/runs/batch", json={"runs": [{"input": {"i": i}}
+                                                               for i in range(3)]})
+        assert fits.status_code == 201, fits.text
+        one_more = await http.post("/v1/runs", json={"input": {}})
+        assert one_more.status_code == 429
+    assert count_runs(db_url, "acme") == 3

@@ -4,6 +4,7 @@ group."""
 
 from __future__ import annotations
 
+from runlease.cli import run_commands
 from runlease.cli.dead import dead
 from runlease.cli.pools import pools
 from runlease.cli.runs import runs
@@ -18,4 +19,4 @@ main.add_command(usage)
 main.add_command(webhooks)
 runs.add_command(children)
 
-__all__ = ["api", "main", "operator", "run", "worker"]
+__all__ = ["api", "main", "operator", "run", "run_commands", "worker"]

@@ -35,6 +35,7 @@ class RunView:
     cancel_requested_at: datetime | None = None
     finished_at: datetime | None = None
     lease: dict[str, Any] | None = None
+    labels: dict[str, str] = field(default_factory=dict)
     usage: dict[str, Any] | None = None  # tokens, cost, turns, tool calls: all attempts
     parent_run_id: UUID | None = None
     awaiting_children: bool = False  # pending, waiting for its children

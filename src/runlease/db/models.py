@@ -66,6 +66,7 @@ class Run:
     error_code: str | None = None
     error_message: str | None = None
     finished_at: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
     # Usage over every attempt (db/usage.py).
     input_tokens: int = 0
     output_tokens: int = 0

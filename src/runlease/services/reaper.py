@@ -1,6 +1,7 @@
 """The reaper: expired leases back to the queue, retention, the workers
-registry's stale rows; and the leader's economics passes: the usage rollup,
-parents whose children have finished made due again, completion webhooks.
+registry's stale rows, folding the queue counts' deltas; and the leader's
+economics passes: the usage rollup, parents whose children have finished
+made due again, completion webhooks.
 
 Reaping reads the leases of workers whose registry row expired (or that
 have none), not every lease; a lease that expired while its worker lives
@@ -64,6 +65,7 @@ class Reaper(PeriodicService):
         await self.reap()
         await self.retain()
         await self.forget_workers()
+        await self.store.fold_counts()
         await self.roll_up_usage()
         await self.wake_parents()
         await self.webhooks.run_once()
