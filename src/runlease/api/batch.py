@@ -72,6 +72,8 @@ class RunBatchOut(BaseModel):
                                     "existing run."},
                413: {"model": ErrorBody, "description": "Body over max_batch_request_bytes."},
                415: {"model": ErrorBody, "description": "No `Content-Type: application/json`."},
+               429: {"model": ErrorBody, "description": "Over a tenant's submit rate; see "
+                                                         "Retry-After. Nothing submitted."},
                422: {"model": BatchErrorBody,
                      "description": "Refused as a whole, nothing submitted: `errors` names "
                                     "each refused item by index."}},
