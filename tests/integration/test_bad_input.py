@@ -35,7 +35,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("budget not an object", {"budget": 5}, "budget"),
     ("budget turns a string", {"budget": {"max_turns": "10"}}, "budget.max_turns"),
     ("budget deadline negative", {"budget": {"deadline_s": -1}}, "budget.deadline_s"),
-    ("budget unknown field", {"budget": {"max_tokens": 5}}, "budget.max_tokens"),
+    ("budget unknown field", {"budget": {"max_tokenz": 5}}, "budget.max_tokenz"),
+    ("budget cost NaN", {"budget": {"max_cost": float("nan")}}, "budget.max_cost"),
     ("idempotency key empty", {"idempotency_key": ""}, "idempotency_key"),
     ("idempotency key too long", {"idempotency_key": "k" * 256}, "idempotency_key"),
 ]

@@ -75,7 +75,10 @@ async def test_a_band_is_refused_in_a_batch_too_and_nothing_is_written(store: Ru
 async def test_pool_settings_round_trip_through_the_api(api: Api) -> None:
     body = {"max_attempts": 4, "lease_s": 30, "retention_s": 0, "paused": True,
             "tool_env": ["GITHUB_TOKEN", "HTTPS_PROXY"], "default_max_in_flight": 0,
-            "tenant_limits": {"acme": 3}, "tenant_priority": {"globex": {"min": 0, "max": 5}}}
+            "tenant_limits": {"acme": 3}, "tenant_priority": {"globex": {"min": 0, "max": 5}},
+            "tenant_rates": {"acme": {"submits_per_minute": 10, "tokens_per_minute": None},
+                             "initech": {"submits_per_minute": None,
+                                         "tokens_per_minute": 5000}}}
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as http:
         put = await http.put("/v1/pools/batch", json=body)
         assert put.status_code == 200, put.text

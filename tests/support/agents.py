@@ -99,3 +99,17 @@ async def environ_tool(ctx: RunContext) -> dict[str, Any]:
            "SMUGGLED": "db=" + ENVIRON_AT_IMPORT.get("RUNLEASE_DATABASE_URL", "")}
     result = await ctx.run_tool(["env"], env=env)
     return {"env": result.stdout}
+
+
+async def family(ctx: RunContext) -> dict[str, Any]:
+    """A parent (input.children = n) submits n children in its tenant and
+    waits for them; a child sleeps input.sleep and returns its index."""
+    if "children" not in ctx.input:
+        await ctx.emit("started", {"i": ctx.input["i"]})
+        await ctx.sleep(float(ctx.input.get("sleep", 0.05)))
+        return {"child": ctx.input["i"]}
+    ids = [await ctx.submit_child({"i": i, "sleep": ctx.input.get("sleep", 0.05)})
+           for i in range(int(ctx.input["children"]))]
+    outcomes = await ctx.wait_children()
+    return {"ids": ids, "attempt": ctx.attempt, "statuses": [o["status"] for o in outcomes],
+            "children": sorted(o["result"]["child"] for o in outcomes if o["result"])}

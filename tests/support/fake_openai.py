@@ -50,6 +50,7 @@ class Reply:
     delay_s: float = 0.0
     chunk_chars: int = 4
     plain: bool = False  # ignore `stream: true`: one application/json completion
+    usage: dict[str, Any] | None = None  # sent when asked for (stream_options.include_usage)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,12 @@ class FakeOpenAI:
             finish = "tool_calls" if reply.tool_calls else "stop"
             await self._send(reader, writer, "data: " + json.dumps(
                 _chunk(model, {}, finish)) + "\n\n", reply.delay_s)
+            options = body.get("stream_options") if isinstance(body, dict) else None
+            if reply.usage is not None and isinstance(options, dict) and options.get(
+                    "include_usage"):
+                usage = {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                         "created": 0, "model": model, "choices": [], "usage": reply.usage}
+                await self._send(reader, writer, f"data: {json.dumps(usage)}\n\n", 0)
             await self._send(reader, writer, "data: [DONE]\n\n", 0)
         writer.write(b"0\r\n\r\n")
         await writer.drain()

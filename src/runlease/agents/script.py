@@ -4,6 +4,7 @@
         {"sleep": 0.5},
         {"shell": ["sh", "-c", "make test"], "timeout_s": 300},
         {"emit": {"text": "hello"}},
+        {"usage": {"input_tokens": 800, "output_tokens": 90, "cost": 0.002}},
         {"fail": "retryable", "until_attempt": 3}
     ]}
 
@@ -16,7 +17,9 @@ step that exits non-zero is a retryable failure. A shell step's output is
 stored as `tool.output` events while it runs ({"step", "stream", "text"}:
 at most 64 KiB per step, redacted, never cut inside a secret), then one
 `tool.exit` event ({"step", "returncode", "duration_s"}); the step's result
-keeps the last 2000 characters of stdout. It sees RUNLEASE_RUN_ID,
+keeps the last 2000 characters of stdout. A `usage` step reports model usage
+(ctx.record_usage; its result holds the run's totals over all attempts, and
+a total over the budget ends the run `budget_exceeded`). It sees RUNLEASE_RUN_ID,
 RUNLEASE_STEP, RUNLEASE_ATTEMPT and RUNLEASE_LEASE_EPOCH in its environment,
 beside what every tool gets (docs/agents.md: PATH, HOME, ... and the pool's
 grants; never the worker's secrets).
@@ -28,7 +31,10 @@ import time
 from functools import partial
 from typing import Any
 
+from runlease.errors import ValidationError
 from runlease.worker import FatalError, RetryableError, RunContext
+
+USAGE_FIELDS = frozenset({"input_tokens", "output_tokens", "cost"})
 
 
 async def agent(ctx: RunContext) -> dict[str, Any]:
@@ -88,6 +94,14 @@ async def _run_step(ctx: RunContext, index: int, spec: dict[str, Any]) -> dict[s
         if not isinstance(data, dict):
             raise FatalError(f"input.steps[{index}].emit must be an object")
         out["seq"] = await ctx.emit(str(spec.get("kind", "message")), data)
+    elif "usage" in spec:
+        usage = spec["usage"]
+        if not isinstance(usage, dict) or set(usage) - USAGE_FIELDS:
+            raise FatalError(f"input.steps[{index}].usage: an object of {sorted(USAGE_FIELDS)}")
+        try:
+            out["usage"] = (await ctx.record_usage(**usage)).to_json()
+        except ValidationError as exc:
+            raise FatalError(f"input.steps[{index}].usage: {exc}", code="invalid_usage") from None
     else:
         raise FatalError(f"input.steps[{index}] has no known action: {sorted(spec)}")
     out["ended_at"] = time.time()

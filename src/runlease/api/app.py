@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease import __version__, metrics
-from runlease.api import actions, batch, errors, routes, schedules
+from runlease.api import actions, batch, errors, routes, schedules, usage, webhooks
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
@@ -199,6 +199,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     app.include_router(routes.router)
     app.include_router(actions.router)
     app.include_router(schedules.router)
+    app.include_router(usage.router)
+    app.include_router(webhooks.router)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),

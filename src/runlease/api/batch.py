@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated
 
 from fastapi import APIRouter, Response
@@ -10,10 +11,13 @@ from pydantic import BaseModel, Field
 from runlease import metrics
 from runlease.api.deps import JsonBody, Store, Waker, Who
 from runlease.api.errors import ErrorAnswer
+from runlease.api.rates import submit_slots
 from runlease.api.routes import retry_policy, tenant_for
 from runlease.api.schemas import ErrorBody, RunCreate, RunOut
 from runlease.core import bounds
+from runlease.db.models import EnqueueResult
 from runlease.db.runs import NewRun
+from runlease.db.store import RunStore
 
 MAX_BATCH_RUNS = 1000
 
@@ -69,6 +73,8 @@ class RunBatchOut(BaseModel):
                                     "existing run."},
                413: {"model": ErrorBody, "description": "Body over max_batch_request_bytes."},
                415: {"model": ErrorBody, "description": "No `Content-Type: application/json`."},
+               429: {"model": ErrorBody, "description": "Over a tenant's submit rate; see "
+                                                         "Retry-After. Nothing submitted."},
                422: {"model": BatchErrorBody,
                      "description": "Refused as a whole, nothing submitted: `errors` names "
                                     "each refused item by index."}},
@@ -88,7 +94,7 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -
             None if item.budget is None else item.budget.model_dump(exclude_none=True),
             item.idempotency_key, item.labels, item.run_at, item.delay_s, item.pool,
             retry=retry_policy(item)))
-    results = await store.enqueue_many(body.runs[0].pool, runs, notify=False)
+    results = await _enqueue(store, body, runs, admin=who.admin)
     for r in results:
         if r.inserted:
             metrics.RUNS_SUBMITTED.labels(r.run.pool).inc()
@@ -99,3 +105,29 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -
     # Serialized here, once: returned as a model, it would be validated again.
     return Response(out.model_dump_json(), media_type="application/json",
                     status_code=201 if any(r.inserted for r in results) else 200)
+
+
+async def _enqueue(store: RunStore, body: RunBatchIn, runs: list[NewRun], *,
+                   admin: bool) -> list[EnqueueResult]:
+    """Rates, parents and webhook URLs checked, and the runs inserted, in one
+    transaction: a 429 or a refused parent or URL writes none of the batch."""
+    wanted: Counter[tuple[str, str]] = Counter((r.pool or body.runs[0].pool, r.tenant_id)
+                                                for r in runs)
+    async with submit_slots(store, wanted) as conn:
+        for i, item in enumerate(body.runs):
+            if item.parent_run_id is not None:
+                await store.check_parent(item.parent_run_id, runs[i].tenant_id, conn=conn,
+                                         admin=admin)
+            if item.webhook_url is not None:
+                await store.check_webhook_url(item.webhook_url, conn=conn)
+        results = await store.enqueue_many(body.runs[0].pool, runs, notify=False, conn=conn)
+        for i, item in enumerate(body.runs):
+            if not results[i].inserted:
+                continue
+            if item.parent_run_id is not None:
+                results[i] = EnqueueResult(await store.set_parent(
+                    results[i].run, item.parent_run_id, conn=conn), True)
+            if item.webhook_url is not None:
+                await store.add_webhook(results[i].run.id, runs[i].tenant_id, item.webhook_url,
+                                        conn=conn)
+    return results

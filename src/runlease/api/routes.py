@@ -18,6 +18,7 @@ from runlease.api.auth import Principal
 from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state, bearer
 from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
+from runlease.api.rates import submit_slot
 from runlease.api.schemas import (
     POOL_PATTERN,
     ErrorBody,
@@ -42,7 +43,7 @@ from runlease.api.search import (
 from runlease.core import bounds
 from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
-from runlease.db.models import Pool, Run
+from runlease.db.models import EnqueueResult, Pool, Run
 from runlease.errors import RunNotFound
 
 router = APIRouter(prefix="/v1")
@@ -91,6 +92,8 @@ SUBMIT_403 = {"model": ErrorBody,
     "/runs", status_code=201, response_model=RunOut, dependencies=[JsonBody],
     responses={200: {"model": RunOut, "description": "The run this Idempotency-Key names."},
                403: SUBMIT_403,
+               429: {"model": ErrorBody, "description": "Over the tenant's submit rate; "
+                                                         "see Retry-After."},
                409: {"model": ErrorBody, "description": "The key names another input's run."},
                413: {"model": ErrorBody, "description": "Body over the bound."},
                415: {"model": ErrorBody,
@@ -101,14 +104,26 @@ async def submit(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                   max_length=255)] = None,
 ) -> Response:
-    """Enqueue a run. The same Idempotency-Key again returns the same run (200)."""
-    result = await store.enqueue(
-        body.pool, tenant_for(body.tenant_id, who), body.input, priority=body.priority,
-        max_attempts=body.max_attempts,
-        budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
-        idempotency_key=idempotency_key, labels=body.labels, run_at=body.run_at,
-        delay_s=body.delay_s, notify=False, retry=retry_policy(body),
-    )
+    """Enqueue a run. The same Idempotency-Key again returns the same run (200).
+    Over the tenant's submit rate in the pool: 429 with Retry-After."""
+    tenant = tenant_for(body.tenant_id, who)
+    parent = body.parent_run_id
+    async with submit_slot(store, body.pool, tenant) as conn:
+        if parent is not None:
+            await store.check_parent(parent, tenant, conn=conn, admin=who.admin)
+        if body.webhook_url is not None:
+            await store.check_webhook_url(body.webhook_url, conn=conn)
+        result = await store.enqueue(
+            body.pool, tenant, body.input, priority=body.priority,
+            max_attempts=body.max_attempts,
+            budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
+            idempotency_key=idempotency_key, labels=body.labels, run_at=body.run_at,
+            delay_s=body.delay_s, notify=False, retry=retry_policy(body), conn=conn,
+        )
+        if parent is not None and result.inserted:
+            result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
+        if body.webhook_url is not None and result.inserted:
+            await store.add_webhook(result.run.id, tenant, body.webhook_url, conn=conn)
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
         if result.run.status == "pending" and result.run.available_at <= result.run.created_at:
@@ -128,14 +143,14 @@ async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ 
                     created_before: TimeQ = None, finished_after: TimeQ = None,
                     finished_before: TimeQ = None, idempotency_key: KeyQ = None,
                     tenant: TenantQ = None, limit: Limit = 50,
-                    cursor: UUID | None = None) -> RunPage:
+                    cursor: UUID | None = None, parent_run_id: UUID | None = None) -> RunPage:
     """Runs, newest first, filtered (every filter given must match); pass
     `next_cursor` back as `cursor` for the next page (stable while runs are
-    added: new runs never shift a page)."""
+    added: new runs never shift a page). `parent_run_id`: that run's children."""
     f = run_filter(who, status=status, pool=pool, label=label, created_after=created_after,
                    created_before=created_before, finished_after=finished_after,
                    finished_before=finished_before, idempotency_key=idempotency_key,
-                   tenant=tenant)
+                   tenant=tenant, parent_run_id=parent_run_id)
     runs = await store.search(f, limit=limit, before=cursor)
     return page(runs, limit, admin=who.admin)
 
@@ -171,10 +186,12 @@ async def steps(
                               "description": "The run is finished; the message says how."}})
 async def cancel(run_id: UUID, who: Who, store: Store) -> RunOut:
     """Stop a run: a pending one is cancelled at once; a running one is stopped by
-    its worker, tool processes included. Closing an event stream never cancels
-    anything; only this does. A finished run (done, dead, cancelled) is a 409."""
-    return RunOut.of(await store.request_cancel(run_id, tenant_id=who.scope, strict=True),
-                     admin=who.admin)
+    its worker, tool processes included; its child runs (and theirs) are
+    cancelled too. Closing an event stream never cancels anything; only this
+    does. A finished run (done, dead, cancelled) is a 409."""
+    run = await store.request_cancel(run_id, tenant_id=who.scope, strict=True)
+    await store.cancel_descendants(run_id)  # its children, theirs...: the same tenant's
+    return RunOut.of(run, admin=who.admin)
 
 
 @router.post("/runs/{run_id}/stream-token", response_model=StreamToken)
@@ -309,7 +326,8 @@ async def put_pool(
     body: PoolIn, who: Admin, store: Store,
 ) -> PoolOut:
     """Create or update a pool: every setting as given (left out: its default);
-    its tenant limits and priority bands become exactly those given (admin)."""
+    its tenant limits, priority bands and rates become exactly those given
+    (admin)."""
     pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
                                      body.default_max_in_flight, body.priority_aging_s,
                                      body.retention_s, body.paused, tuple(body.tool_env)),

@@ -98,6 +98,10 @@ class BudgetIn(Strict):
     max_tool_calls: ToolCalls | None = None
     deadline_s: (Annotated[StrictInt, Field(gt=0, le=DEADLINE_S_MAX)]
                  | Annotated[StrictFloat, Field(gt=0, le=DEADLINE_S_MAX)] | None) = None
+    max_tokens: StrictInt | None = Field(None, ge=1, le=bounds.MAX_TOKENS_MAX,
+                                         description="Input plus output tokens, all attempts.")
+    max_cost: StrictInt | StrictFloat | None = Field(None, gt=0, le=bounds.MAX_COST_MAX,
+                                                     allow_inf_nan=False)
 
 
 def not_a_number(value: object) -> object:
@@ -180,6 +184,14 @@ class RunCreate(Strict):
         description="Not before this many seconds from now. Not with `run_at`.",
         examples=[300])
 
+    parent_run_id: UUID | None = Field(
+        None, description="Submit the run as a child of this run (the same tenant's, "
+                          "not finished): cancelling the parent cancels it.")
+    webhook_url: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description="POSTed a signed notice when the run finishes; its host must be on the "
+                    "admin's webhook allowlist.")
+
     @model_validator(mode="after")
     def _one_start(self) -> Self:
         if self.run_at is not None and self.delay_s is not None:
@@ -193,6 +205,21 @@ class LeaseInfo(BaseModel):
     locked_by: str
     locked_until: datetime
     lease_epoch: int
+
+
+class RunUsage(BaseModel):
+    """What the run used, every attempt together."""
+
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    turns: int
+    tool_calls: int
+
+    @classmethod
+    def of(cls, run: Run) -> RunUsage:
+        return cls(input_tokens=run.input_tokens, output_tokens=run.output_tokens,
+                   cost=float(run.cost), turns=run.turns_used, tool_calls=run.tool_calls_used)
 
 
 class RunOut(BaseModel):
@@ -222,6 +249,10 @@ class RunOut(BaseModel):
     backoff_base_s: int = Field(backoff.BACKOFF_BASE_S, description="The run's retry policy.")
     backoff_cap_s: int = backoff.BACKOFF_CAP_S
     non_retryable_codes: list[str] = Field(default_factory=list)
+    usage: RunUsage | None = None
+    parent_run_id: UUID | None = None
+    awaiting_children: bool = Field(
+        False, description="Pending and waiting for its children (holding no worker).")
 
     @classmethod
     def of(cls, run: Run, *, admin: bool) -> RunOut:
@@ -243,6 +274,8 @@ class RunOut(BaseModel):
             backoff_base_s=RetryPolicy(run.backoff_base_s).base_s,
             backoff_cap_s=RetryPolicy(backoff_cap_s=run.backoff_cap_s).cap_s,
             non_retryable_codes=run.non_retryable_codes or [],
+            usage=RunUsage.of(run), parent_run_id=run.parent_run_id,
+            awaiting_children=run.awaiting_children,
         )
 
 
@@ -296,6 +329,16 @@ class PriorityBand(Strict):
     max: Priority = bounds.PRIORITY_MAX
 
 
+class TenantRate(Strict):
+    """A tenant's rates in a pool (left out: no such rate): runs submitted per
+    minute (more is a 429 with Retry-After) and model tokens per minute (a
+    tenant over it has no run claimed until its last minute is under it)."""
+
+    submits_per_minute: StrictInt | None = Field(None, ge=1,
+                                                 le=bounds.SUBMITS_PER_MINUTE_MAX)
+    tokens_per_minute: StrictInt | None = Field(None, ge=1, le=bounds.TOKENS_PER_MINUTE_MAX)
+
+
 class PoolIn(Strict):
     """A pool's whole settings: a field left out takes its default (PUT
     replaces; `runlease pools upsert` reads the pool first and changes only
@@ -326,13 +369,22 @@ class PoolIn(Strict):
         default_factory=dict, max_length=10_000,
         description="Per-tenant priority bands; tenants not named may use -100..100.",
         json_schema_extra=_keys_are_tenants)
+    tenant_rates: dict[str, TenantRate] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Per-tenant submit and model-token rates; tenants not named have none.",
+        json_schema_extra=_keys_are_tenants)
 
     def tenants(self) -> dict[str, TenantLimit]:
-        names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority]))
-        return {t: TenantLimit(
-                    self.tenant_limits.get(t),
-                    *((b.min, b.max) if (b := self.tenant_priority.get(t)) else (None, None)))
-                for t in names}
+        names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority,
+                                    *self.tenant_rates]))
+        out = {}
+        for t in names:
+            band, rate = self.tenant_priority.get(t), self.tenant_rates.get(t)
+            out[t] = TenantLimit(
+                self.tenant_limits.get(t), band.min if band else None,
+                band.max if band else None, rate.submits_per_minute if rate else None,
+                rate.tokens_per_minute if rate else None)
+        return out
 
 
 class PoolOut(BaseModel):
@@ -346,6 +398,7 @@ class PoolOut(BaseModel):
     tool_env: list[str]
     tenant_limits: dict[str, int]
     tenant_priority: dict[str, PriorityBand]
+    tenant_rates: dict[str, TenantRate] = Field(default_factory=dict)
 
     @classmethod
     def of(cls, pool: Pool, tenants: dict[str, TenantLimit]) -> PoolOut:
@@ -360,4 +413,9 @@ class PoolOut(BaseModel):
                            min=bounds.PRIORITY_MIN if s.priority_min is None else s.priority_min,
                            max=bounds.PRIORITY_MAX if s.priority_max is None else s.priority_max)
                        for t, s in tenants.items()
-                       if s.priority_min is not None or s.priority_max is not None})
+                       if s.priority_min is not None or s.priority_max is not None},
+                   tenant_rates={
+                       t: TenantRate(submits_per_minute=s.submits_per_minute,
+                                     tokens_per_minute=s.tokens_per_minute)
+                       for t, s in tenants.items()
+                       if s.submits_per_minute is not None or s.tokens_per_minute is not None})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Annotated
+from uuid import UUID
 
 from fastapi import Query
 from pydantic import AwareDatetime, BeforeValidator
@@ -56,7 +57,8 @@ def run_filter(who: Principal, *, status: Sequence[str] | None = None, pool: str
                created_before: AwareDatetime | None = None,
                finished_after: AwareDatetime | None = None,
                finished_before: AwareDatetime | None = None,
-               idempotency_key: str | None = None, tenant: str | None = None) -> RunFilter:
+               idempotency_key: str | None = None, tenant: str | None = None,
+               parent_run_id: UUID | None = None) -> RunFilter:
     """The filter the caller may run: its own tenant's, or any for an admin."""
     scope = who.scope
     if scope is not None and tenant is not None and tenant != scope:
@@ -73,5 +75,5 @@ def run_filter(who: Principal, *, status: Sequence[str] | None = None, pool: str
         statuses=tuple(RunStatus(s) for s in dict.fromkeys(status or ())), pool=pool,
         labels=labels, created_after=created_after, created_before=created_before,
         finished_after=finished_after, finished_before=finished_before,
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key, parent_run_id=parent_run_id,
     ).validated()

@@ -69,14 +69,27 @@ def _count(raw: str) -> int:
     return int(raw)
 
 
+def _rate(raw: str) -> dict[str, int]:
+    """SUBMITS/TOKENS per minute; `-` for no such rate."""
+    submits, sep, tokens = raw.partition("/")
+    if not sep:
+        raise ValueError(raw)
+    rate = {k: _count(v) for k, v in (("submits_per_minute", submits),
+                                      ("tokens_per_minute", tokens)) if v != "-"}
+    if not rate:
+        raise ValueError(raw)
+    return rate
+
+
 def merge_pool(current: dict[str, Any] | None, given: dict[str, Any],
-               limits: dict[str, int | None], bands: dict[str, dict[str, int] | None]
-               ) -> dict[str, Any]:
+               limits: dict[str, int | None], bands: dict[str, dict[str, int] | None],
+               rates: dict[str, dict[str, int] | None] | None = None) -> dict[str, Any]:
     """The PUT body: the pool as it is (or the defaults, for a new pool), with
     only what was given changed. A tenant named with `none` loses that setting."""
     body = {k: v for k, v in (current or {}).items() if k != "name"}
     body.update(given)
-    for key, changes in (("tenant_limits", limits), ("tenant_priority", bands)):
+    for key, changes in (("tenant_limits", limits), ("tenant_priority", bands),
+                         ("tenant_rates", rates or {})):
         merged = dict(body.get(key) or {})
         for tenant, value in changes.items():
             if value is None:
@@ -105,11 +118,15 @@ def merge_pool(current: dict[str, Any] | None, given: dict[str, Any],
               help="A tenant's cap (repeatable); TENANT=none removes it.")
 @click.option("--priority", "bands", multiple=True, metavar="TENANT=MIN:MAX",
               help="A tenant's priority band (repeatable); TENANT=none removes it.")
+@click.option("--rate", "rates", multiple=True, metavar="TENANT=SUBMITS/TOKENS",
+              help="A tenant's runs submitted and model tokens per minute, `-` for none "
+                   "(repeatable; docs/limits.md); TENANT=none removes both.")
 def pools_upsert(api_url: str, token: str, as_json: bool, name: str,
                  max_attempts: int | None, lease_s: int | None, retention_s: int | None,
                  paused: bool | None, default_max_in_flight: str | None,
                  priority_aging_s: int | None, tool_env: str | None,
-                 limits: tuple[str, ...], bands: tuple[str, ...]) -> None:
+                 limits: tuple[str, ...], bands: tuple[str, ...],
+                 rates: tuple[str, ...] = ()) -> None:
     """Create or update a pool (also: `pools set`). Only what is given changes:
     settings and tenants left out keep their current values (a new pool starts
     from the defaults); TENANT=none removes a tenant's setting."""
@@ -134,7 +151,8 @@ def pools_upsert(api_url: str, token: str, as_json: bool, name: str,
             if exc.status != 404:
                 raise
             current = None
-        pool = api.upsert_pool(name, **merge_pool(current, given, tenant_limits, tenant_bands))
+        pool = api.upsert_pool(name, **merge_pool(current, given, tenant_limits, tenant_bands,
+                                                  _pairs(rates, "--rate", _rate)))
     if as_json:
         emit_json(pool)
     else:

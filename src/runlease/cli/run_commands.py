@@ -70,7 +70,8 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
 @click.option("--pool")
 @click.option("--priority", type=int)
 @click.option("--max-attempts", type=int)
-@click.option("--budget", help="A JSON object: max_turns, max_tool_calls, deadline_s.")
+@click.option("--budget", help="A JSON object: max_turns, max_tool_calls, deadline_s, "
+                               "max_tokens, max_cost.")
 @click.option("--idempotency-key")
 @click.option("--tenant", "tenant_id", help="Admin only: the run's tenant.")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
@@ -78,11 +79,14 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
 @click.option("--run-at", help="Not before this time (RFC 3339).")
 @click.option("--delay-s", type=click.FloatRange(0), help="Not before this many seconds.")
 @retry_options
+@click.option("--parent", "parent_run_id", help="Submit it as a child of this run.")
+@click.option("--webhook-url", help="POSTed a signed notice when the run finishes.")
 def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            runs_file: str | None, pool: str | None, priority: int | None,
            max_attempts: int | None, budget: str | None, idempotency_key: str | None,
            tenant_id: str | None, labels: tuple[str, ...], run_at: str | None,
-           delay_s: float | None, **retry: Any) -> None:
+           delay_s: float | None, parent_run_id: str | None = None,
+           webhook_url: str | None = None, **retry: Any) -> None:
     """Enqueue a run (--input), or many from a JSON-lines file (--file)."""
     if (input_json is None) == (runs_file is None):
         raise click.UsageError("give --input (one run) or --file (many)")
@@ -103,6 +107,7 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          budget=budget_obj, idempotency_key=idempotency_key,
                          tenant_id=tenant_id, labels=_labels(labels),
                          run_at=_time(run_at, "--run-at"), delay_s=delay_s,
+                         parent_run_id=parent_run_id, webhook_url=webhook_url,
                          **retry_kwargs(**retry))
     if as_json:
         emit_json(run)

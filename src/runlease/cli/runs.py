@@ -16,6 +16,7 @@ from runlease.cli.terminal import (
     jsonable,
     out,
     page_out,
+    runs_table,
 )
 from runlease.client import RunEnded, StepView, StreamEvent
 
@@ -31,9 +32,10 @@ def runs() -> None:
 @api_options
 @click.argument("run_id")
 def show(api_url: str, token: str, as_json: bool, run_id: str) -> None:
-    """One run, in full."""
+    """One run, in full, and its children (the first 20)."""
     with client(api_url, token) as api:
         run = api.get(run_id)
+        kids = None if as_json else api.list(parent_run_id=run.id, limit=20)
     if as_json:
         emit_json(run)
         return
@@ -41,6 +43,8 @@ def show(api_url: str, token: str, as_json: bool, run_id: str) -> None:
         if key != "created":
             shown = json.dumps(value) if isinstance(value, dict) else value
             out(f"[bold]{key}[/]: {shown}")
+    if kids is not None and kids.items:
+        out(runs_table(kids.items, title="children"))
 
 
 def steps_table(steps: list[StepView]) -> Table:

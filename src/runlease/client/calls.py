@@ -9,7 +9,7 @@ import builtins
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
@@ -122,12 +122,16 @@ class Calls:
                max_attempts: int | None, budget: Mapping[str, Any] | None,
                idempotency_key: str | None, tenant_id: str | None,
                labels: Mapping[str, str] | None = None, run_at: datetime | str | None = None,
-               delay_s: float | None = None, **retry: Any) -> Call[RunView]:
+               delay_s: float | None = None, parent_run_id: UUID | str | None = None,
+               webhook_url: str | None = None, **retry: Any) -> Call[RunView]:
         """`retry`: backoff_base_s, backoff_cap_s, non_retryable_codes (None: left out)."""
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id), ("labels", labels),
-                           ("run_at", run_at), ("delay_s", delay_s), *retry.items()):
+                           ("run_at", run_at), ("delay_s", delay_s),
+                           ("parent_run_id", None if parent_run_id is None
+                            else str(parent_run_id)), ("webhook_url", webhook_url),
+                           *retry.items()):
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -150,9 +154,11 @@ class Calls:
              cursor: str | None, *, label: Sequence[str] | Mapping[str, str] | None = None,
              created_after: datetime | None = None, created_before: datetime | None = None,
              finished_after: datetime | None = None, finished_before: datetime | None = None,
-             idempotency_key: str | None = None, tenant: str | None = None) -> Call[RunPage]:
+             idempotency_key: str | None = None, tenant: str | None = None,
+             parent_run_id: UUID | str | None = None) -> Call[RunPage]:
         params = _page_params(limit, cursor, pool=pool, idempotency_key=idempotency_key,
-                              tenant=tenant)
+                              tenant=tenant, parent_run_id=None if parent_run_id is None
+                              else str(parent_run_id))
         if status:
             params["status"] = [status] if isinstance(status, str) else builtins.list(status)
         if label:
@@ -185,7 +191,33 @@ class Calls:
                             "Last-Event-ID": str(after)},
                 "timeout": httpx.Timeout(STREAM_CONNECT_S, read=read_timeout_s)}
 
+    @staticmethod
+    def webhook(run_id: UUID | str) -> Call[dict[str, Any]]:
+        return Call("GET", f"/v1/runs/{run_id}/webhook", check)
+
+    @staticmethod
+    def webhook_secret(rotate: bool, tenant_id: str | None) -> Call[dict[str, Any]]:
+        return Call("POST" if rotate else "GET",
+                    "/v1/webhook-secret/rotate" if rotate else "/v1/webhook-secret", check,
+                    params={"tenant_id": tenant_id} if tenant_id else None)
+
+    @staticmethod
+    def usage(start: date | str | None, end: date | str | None, group_by: str,
+              tenant_id: str | None, pool: str | None) -> Call[dict[str, Any]]:
+        params: dict[str, Any] = {"group_by": group_by}
+        for key, value in (("from", start), ("to", end), ("tenant_id", tenant_id),
+                           ("pool", pool)):
+            if value is not None:
+                params[key] = str(value)
+        return Call("GET", "/v1/usage", check, params=params)
+
     # -- admin ------------------------------------------------------------------------------
+
+    @staticmethod
+    def webhook_hosts(hosts: builtins.list[dict[str, Any]] | None) -> Call[dict[str, Any]]:
+        if hosts is None:
+            return Call("GET", "/v1/webhook-hosts", check)
+        return Call("PUT", "/v1/webhook-hosts", check, json={"hosts": hosts})
 
     @staticmethod
     def dead_letters(pool: str | None, limit: int, cursor: str | None) -> Call[RunPage]:

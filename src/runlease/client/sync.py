@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Self
 from uuid import UUID
 
@@ -48,18 +48,19 @@ class Client(SyncActions, SyncSchedules):
                budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
                tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
                run_at: datetime | str | None = None, delay_s: float | None = None,
+               parent_run_id: UUID | str | None = None,
+               webhook_url: str | None = None,
                backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
                non_retryable_codes: Sequence[str] | None = None) -> RunView:
         """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
-        later; backoff_* and non_retryable_codes its retry policy (left out: 5 s
-        doubling up to 300 s, every error retried)."""
-        return self._send(self._calls.submit(input, pool, priority, max_attempts, budget,
-                                             idempotency_key, tenant_id, labels, run_at,
-                                             delay_s, backoff_base_s=backoff_base_s,
-                                             backoff_cap_s=backoff_cap_s,
-                                             non_retryable_codes=None
-                                             if non_retryable_codes is None
-                                             else [*non_retryable_codes]))
+        later; `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
+        a signed notice when it ends; backoff_* and non_retryable_codes its retry
+        policy (left out: 5 s doubling up to 300 s, every error retried)."""
+        return self._send(self._calls.submit(
+            input, pool, priority, max_attempts, budget, idempotency_key, tenant_id, labels,
+            run_at, delay_s, parent_run_id, webhook_url, backoff_base_s=backoff_base_s,
+            backoff_cap_s=backoff_cap_s,
+            non_retryable_codes=None if non_retryable_codes is None else [*non_retryable_codes]))
 
     def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
                     on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
@@ -84,13 +85,15 @@ class Client(SyncActions, SyncSchedules):
              label: Sequence[str] | Mapping[str, str] | None = None,
              created_after: datetime | None = None, created_before: datetime | None = None,
              finished_after: datetime | None = None, finished_before: datetime | None = None,
-             idempotency_key: str | None = None, tenant: str | None = None) -> RunPage:
+             idempotency_key: str | None = None, tenant: str | None = None,
+             parent_run_id: UUID | str | None = None) -> RunPage:
         """A page of runs, newest first, filtered (every filter given must match:
         any of `status`, all of `label` as "key:value" or a dict)."""
         return self._send(self._calls.list(
             status, pool, limit, cursor, label=label, created_after=created_after,
             created_before=created_before, finished_after=finished_after,
-            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant))
+            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant,
+            parent_run_id=parent_run_id))
 
     def cancel(self, run_id: UUID | str) -> RunView:
         return self._send(self._calls.cancel(run_id))
@@ -152,3 +155,25 @@ class Client(SyncActions, SyncSchedules):
     def upsert_pool(self, name: str, **settings: Any) -> dict[str, Any]:
         """PUT the pool: settings left out take their defaults (see pool())."""
         return self._send(self._calls.upsert_pool(name, settings))
+
+    def webhook(self, run_id: UUID | str) -> dict[str, Any]:
+        """The run's webhook delivery: {url, state, tries, attempts, ...}."""
+        return self._send(self._calls.webhook(run_id))
+
+    def webhook_hosts(self, hosts: builtins.list[dict[str, Any]] | None = None
+                      ) -> dict[str, Any]:
+        """The webhook allowlist (admin): {hosts: [{host, allow_private}]}; with
+        `hosts`, make it exactly those first."""
+        return self._send(self._calls.webhook_hosts(hosts))
+
+    def webhook_secret(self, *, rotate: bool = False,
+                       tenant_id: str | None = None) -> str:
+        """The key that signs the tenant's deliveries (a new one with rotate)."""
+        return str((self._send(self._calls.webhook_secret(rotate, tenant_id)))["secret"])
+
+    def usage(self, *, start: date | str | None = None, end: date | str | None = None,
+              group_by: str = "day", tenant_id: str | None = None,
+              pool: str | None = None) -> dict[str, Any]:
+        """Usage (tokens, cost) from `start` to `end` (UTC days, inclusive),
+        grouped by "tenant", "pool" or "day": GET /v1/usage's JSON."""
+        return self._send(self._calls.usage(start, end, group_by, tenant_id, pool))

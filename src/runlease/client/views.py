@@ -39,6 +39,9 @@ class RunView:
     backoff_base_s: int | None = None
     backoff_cap_s: int | None = None
     non_retryable_codes: list[str] = field(default_factory=list)
+    usage: dict[str, Any] | None = None  # tokens, cost, turns, tool calls: all attempts
+    parent_run_id: UUID | None = None
+    awaiting_children: bool = False  # pending, waiting for its children
     created: bool = field(default=True, compare=False)  # False: an Idempotency-Key repeat
 
     @property
@@ -53,6 +56,8 @@ class RunView:
             k: (datetime.fromisoformat(v) if k in stamps and v else v)
             for k, v in data.items() if k in cls.__dataclass_fields__}
         values["id"] = UUID(str(data["id"]))
+        if values.get("parent_run_id"):
+            values["parent_run_id"] = UUID(str(values["parent_run_id"]))
         values["created"] = created
         return cls(**values)
 

@@ -227,15 +227,52 @@ def check_step_key(value: object) -> str:
     return _text("step_key", value, KEY_MAX_CHARS, re.compile(r"^[^\x00]+$"))
 
 
+SUBMITS_PER_MINUTE_MAX = 100_000
+TOKENS_PER_MINUTE_MAX = 10**12
+MAX_TOKENS_MAX = 10**12
+MAX_COST_MAX = 1e9
+USAGE_TOKENS_MAX = 10**9  # in one record_usage
+USAGE_COST_MAX = 1e6
+
+
+def _number(field: str, value: object, hi: float, *, positive: bool) -> float:
+    """A finite JSON number in (0, hi] (positive) or [0, hi]; never a bool or NaN."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(field, "must be a number")
+    if not math.isfinite(value) or not (value > 0 if positive else value >= 0) or value > hi:
+        raise ValidationError(field, f"must be {'>' if positive else '>='} 0 and at most {hi:g}")
+    return float(value)
+
+
+def check_rates(submits_per_minute: object, tokens_per_minute: object) -> None:
+    """A tenant's rates in a pool: None (no rate) or a positive whole number."""
+    if submits_per_minute is not None:
+        _int("submits_per_minute", submits_per_minute, 1, SUBMITS_PER_MINUTE_MAX)
+    if tokens_per_minute is not None:
+        _int("tokens_per_minute", tokens_per_minute, 1, TOKENS_PER_MINUTE_MAX)
+
+
+def check_usage(input_tokens: object, output_tokens: object, cost: object) -> tuple[int, int,
+                                                                                  float]:
+    """One usage report of an agent: whole non-negative token counts and a
+    finite non-negative cost, each bounded (model output is hostile)."""
+    return (_int("input_tokens", input_tokens, 0, USAGE_TOKENS_MAX),
+            _int("output_tokens", output_tokens, 0, USAGE_TOKENS_MAX),
+            _number("cost", cost, USAGE_COST_MAX, positive=False))
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """Limits one run may use; enforced by the worker's RunContext."""
+    """Limits one run may use across all its attempts; enforced by the
+    worker (worker/budget.py). deadline_s is wall time since submit."""
 
     max_turns: int | None = None
     max_tool_calls: int | None = None
     deadline_s: float | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
 
-    FIELDS = ("max_turns", "max_tool_calls", "deadline_s")
+    FIELDS = ("max_turns", "max_tool_calls", "deadline_s", "max_tokens", "max_cost")
 
     @classmethod
     def parse(cls, value: object) -> Budget:
@@ -251,6 +288,8 @@ class Budget:
         turns = value.get("max_turns")
         tools = value.get("max_tool_calls")
         deadline = value.get("deadline_s")
+        tokens = value.get("max_tokens")
+        cost = value.get("max_cost")
         if turns is not None:
             _int("budget.max_turns", turns, 1, 100_000)
         if tools is not None:
@@ -260,7 +299,12 @@ class Budget:
                 raise ValidationError("budget.deadline_s", "must be a number of seconds")
             if not math.isfinite(deadline) or not 0 < deadline <= 30 * 24 * 3600:
                 raise ValidationError("budget.deadline_s", "must be > 0 and at most 30 days")
-        return cls(max_turns=turns, max_tool_calls=tools, deadline_s=deadline)
+        if tokens is not None:
+            _int("budget.max_tokens", tokens, 1, MAX_TOKENS_MAX)
+        if cost is not None:
+            _number("budget.max_cost", cost, MAX_COST_MAX, positive=True)
+        return cls(max_turns=turns, max_tool_calls=tools, deadline_s=deadline,
+                   max_tokens=tokens, max_cost=cost)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}

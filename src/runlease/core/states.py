@@ -64,6 +64,7 @@ class Outcome(StrEnum):
     DEAD = "dead"
     CANCELLED = "cancelled"
     RELEASED = "released"  # drained: back to pending, the attempt not charged
+    WAITING = "waiting"  # parked for its children: pending, the attempt not charged
     LEASE_LOST = "lease_lost"
     SELF_FENCED = "self_fenced"
     UNKNOWN = "unknown"  # the worker itself failed; logged with its traceback

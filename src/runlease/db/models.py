@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Self
 from uuid import UUID
 
@@ -70,6 +71,14 @@ class Run:
     backoff_base_s: int | None = None
     backoff_cap_s: int | None = None
     non_retryable_codes: list[str] | None = None
+    # Usage over every attempt (db/usage.py).
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = Decimal(0)
+    turns_used: int = 0
+    tool_calls_used: int = 0
+    parent_run_id: UUID | None = None
+    awaiting_children: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
@@ -176,8 +185,13 @@ class TenantLimit(FromRow):
     max_in_flight: cap on its runs leased at once (None: the pool's
     default_max_in_flight; 0: paused). priority_min/priority_max: the band of
     priorities it may submit (None: -100 / 100); outside it a submit is refused.
+    submits_per_minute: more runs submitted in a minute are refused (HTTP
+    429). tokens_per_minute: over it (model tokens its runs reported in the
+    last minute) none of its runs is claimed until the minute is under it.
     """
 
     max_in_flight: int | None = None
     priority_min: int | None = None
     priority_max: int | None = None
+    submits_per_minute: int | None = None
+    tokens_per_minute: int | None = None

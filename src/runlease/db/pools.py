@@ -63,6 +63,7 @@ class PoolStore(Executor):
                 bounds.check_max_in_flight(f"limits[{tenant}]", setting.max_in_flight)
             try:
                 bounds.check_priority_band(setting.priority_min, setting.priority_max)
+                bounds.check_rates(setting.submits_per_minute, setting.tokens_per_minute)
             except ValidationError as exc:
                 raise ValidationError(f"limits[{tenant}].{exc.field}", exc.message) from None
             given[tenant] = setting
@@ -73,7 +74,9 @@ class PoolStore(Executor):
             {"pool": pool, "tenants": list(given),
              "limits": [g.max_in_flight for g in given.values()],
              "mins": [g.priority_min for g in given.values()],
-             "maxs": [g.priority_max for g in given.values()]},
+             "maxs": [g.priority_max for g in given.values()],
+             "submits": [g.submits_per_minute for g in given.values()],
+             "tokens": [g.tokens_per_minute for g in given.values()]},
             conn,
         )
 
@@ -127,6 +130,18 @@ class PoolStore(Executor):
         lo, hi = bounds.check_priority_band(priority_min, priority_max)
         await self._set_tenant("tenant_band_set", pool, tenant_id,
                                {"priority_min": lo, "priority_max": hi}, conn)
+
+    async def set_tenant_rates(
+        self, pool: str, tenant_id: str, submits_per_minute: int | None,
+        tokens_per_minute: int | None, *, conn: Conn | None = None,
+    ) -> None:
+        """Set a tenant's rates (None: no such rate); its cap and band are kept."""
+        bounds.check_pool(pool)
+        bounds.check_tenant(tenant_id)
+        bounds.check_rates(submits_per_minute, tokens_per_minute)
+        await self._set_tenant("tenant_rate_set", pool, tenant_id,
+                               {"submits_per_minute": submits_per_minute,
+                                "tokens_per_minute": tokens_per_minute}, conn)
 
     async def _set_tenant(self, name: str, pool: str, tenant_id: str,
                           values: dict[str, Any], conn: Conn | None) -> None:

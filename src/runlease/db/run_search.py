@@ -11,6 +11,7 @@ all of them). Every value is a parameter; statuses are validated enum values.
 Which index drives the scan, newest first (ids are UUIDv7, creation-ordered):
 
     idempotency_key   agent_runs_idempotency_idx (pool, tenant, key)
+    parent_run_id     agent_runs_parent_idx (parent_run_id, id)
     label             agent_run_labels (tenant, key, value, run_id), or
                       (key, value, run_id) for an admin across tenants
     status=dead       agent_runs_dead_idx (id)
@@ -61,6 +62,7 @@ class RunFilter:
     finished_after: datetime | None = None
     finished_before: datetime | None = None
     idempotency_key: str | None = None
+    parent_run_id: UUID | None = None  # that run's children
 
     def validated(self) -> RunFilter:
         """This filter, or a ValidationError naming the field at fault."""
@@ -142,6 +144,13 @@ def _source(f: RunFilter, p: dict[str, Any],
                              + ("ARRAY[%(pool)s::text]" if f.pool is not None
                                 else "ARRAY(SELECT name FROM agent_run_pools)") + ")"))
         return sql.SQL("agent_runs r"), sql.SQL("r.id")
+    if f.parent_run_id is not None:
+        # A run's children through agent_runs_parent_idx (parent_run_id, id);
+        # the parent's own condition is in _narrow, so it holds on every source.
+        if f.labels:
+            p["labels"] = json.dumps(dict(f.labels))
+            where.append(sql.SQL("r.labels @> %(labels)s::jsonb"))
+        return sql.SQL("agent_runs r"), sql.SQL("r.id")
     if f.labels:
         p["label_key"], p["label_value"] = f.labels[0]
         where.append(sql.SQL("d.key = %(label_key)s AND d.value = %(label_value)s"))
@@ -166,6 +175,9 @@ def _source(f: RunFilter, p: dict[str, Any],
 def _narrow(f: RunFilter, key: sql.Composable, p: dict[str, Any],
             where: list[sql.Composable]) -> None:
     """The other filters, on the run's own columns (and bounds on the id)."""
+    if f.parent_run_id is not None:
+        p["parent"] = f.parent_run_id
+        where.append(sql.SQL("r.parent_run_id = %(parent)s"))
     if f.statuses:
         where.append(sql.SQL("r.status IN ({})").format(
             sql.SQL(", ").join(sql.Literal(RunStatus(s).value) for s in f.statuses)))

@@ -14,6 +14,10 @@ each concern, each beside its statements in `sql/`:
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
     workers.py    the workers registry          (workers.sql)
+    usage.py      usage per run and per day     (usage.sql)
+    rates.py      tenants' submit rates         (rates.sql)
+    children.py   child runs, waiting for them  (children.sql)
+    webhooks.py   completion webhooks           (webhooks.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -24,15 +28,19 @@ the fence matches zero rows.
 from __future__ import annotations
 
 from runlease.db.bulk import BulkStore
+from runlease.db.children import ChildStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
+from runlease.db.rates import RateStore
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.schedules import ScheduleStore
 from runlease.db.stats import QueueStats, StatsStore
+from runlease.db.usage import UsageStore
+from runlease.db.webhooks import WebhookStore
 from runlease.db.workers import Registration, WorkerRow, WorkerStore
 
 __all__ = [
@@ -51,6 +59,7 @@ __all__ = [
 ]
 
 
-class RunStore(BulkStore, ScheduleStore, QueueStore, SearchStore, LeaseStore, EventStore,
-               PoolStore, LeaderStore, StatsStore, WorkerStore):
+class RunStore(BulkStore, ScheduleStore, ChildStore, QueueStore, SearchStore, LeaseStore,
+               EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore, UsageStore,
+               RateStore, WebhookStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -1,5 +1,7 @@
 """The reaper: expired leases back to the queue, retention, the workers
-registry's stale rows, and folding the queue counts' deltas.
+registry's stale rows, folding the queue counts' deltas; and the leader's
+economics passes: the usage rollup, parents whose children have finished
+made due again, completion webhooks.
 
 Reaping reads the leases of workers whose registry row expired (or that
 have none), not every lease; a lease that expired while its worker lives
@@ -25,6 +27,7 @@ from runlease import metrics
 from runlease.db.store import RunStore
 from runlease.services.leader import LeaderElector
 from runlease.services.loop import PeriodicService
+from runlease.services.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class Reaper(PeriodicService):
         self.forget_workers_after_s = forget_workers_after_s
         self._passes = 0
         self._sweep_after: tuple[str, UUID] | None = None
+        self.webhooks = WebhookSender(store)
 
     async def run_once(self) -> None:
         if not self.elector.is_leader:
@@ -62,6 +66,9 @@ class Reaper(PeriodicService):
         await self.retain()
         await self.forget_workers()
         await self.store.fold_counts()
+        await self.roll_up_usage()
+        await self.wake_parents()
+        await self.webhooks.run_once()
 
     async def sweep(self) -> list[UUID]:
         """One window of the slow sweep: the expired leases in it."""
@@ -109,4 +116,26 @@ class Reaper(PeriodicService):
             metrics.RETENTION_DELETED.inc(total)
             for pool, count in sorted(by_pool.items()):
                 log.info("retention_deleted pool=%s runs=%d", pool, count)
+        return total
+
+    async def roll_up_usage(self) -> int:
+        """Fold logged usage into the per-tenant, per-pool, per-day rollup."""
+        total = 0
+        for _ in range(self.max_batches):
+            n = await self.store.usage_rollup(batch=self.batch)
+            total += n
+            if n < self.batch:
+                break
+        return total
+
+    async def wake_parents(self) -> int:
+        """Parents waiting for children that have all finished become due."""
+        total = 0
+        for _ in range(self.max_batches):
+            n = await self.store.wake_parents(batch=self.batch)
+            total += n
+            if n < self.batch:
+                break
+        if total:
+            log.info("parents_woken runs=%d", total)
         return total

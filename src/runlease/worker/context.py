@@ -2,6 +2,7 @@
 
     async def agent(ctx: RunContext) -> dict | None:
         await ctx.begin_turn()                      # counts against max_turns
+        await ctx.record_usage(input_tokens=812, output_tokens=95, cost=0.0021)
         answer = await ctx.step("plan", call_model) # durable: not run again on retry
         result = await ctx.run_tool(["pytest", "-q"], timeout_s=300)
         await ctx.emit("message", {"text": answer})
@@ -9,8 +10,8 @@
 
 Every write goes through the run's lease (fenced); a write that finds the
 lease gone raises LeaseLost and the worker stops the run. Transient database
-trouble is retried here until the worker's own fencing gives up, so agents
-do not see it.
+trouble is retried here until the worker's own fencing gives up. Budgets:
+worker/budget.py; child runs: worker/children.py.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from runlease.core.bounds import Budget, ResultRefused
 from runlease.core.redact_stream import StreamHoldback
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
+from runlease.db.usage import Usage
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
+from runlease.worker.budget import BudgetKeeper
 from runlease.worker.cancellable_http import CancellableHttp
-from runlease.worker.errors import BudgetExceeded, FatalError, RunCancelled, ToolTimeout
-from runlease.worker.tool_output import OutputEvents
+from runlease.worker.children import Children
+from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
+from runlease.worker.tool_output import OutputEvents, text_pieces
 from runlease.worker.tools import ToolResult, ToolRunner
 
 log = logging.getLogger(__name__)
@@ -71,10 +75,10 @@ class RunContext:
         self._steps: dict[str, Step] | None = {} if lease.epoch == 1 else None
         self._cancel = cancel
         self._tools = tools
-        self._started = self._clock.monotonic() if started is None else started
-        self.budget = Budget.parse(lease.run.budget_json)
-        self.turns = 0
-        self.tool_calls = 0
+        started = self._clock.monotonic() if started is None else started
+        self._budget = BudgetKeeper(lease, store, write=self._write, clock=self._clock,
+                                    started=started)
+        self._children = Children(lease, store, self.step, self._write)
         self.http = CancellableHttp(cancel)
         self._write_lock = asyncio.Lock()
         self._deltas: list[str] = []
@@ -119,39 +123,64 @@ class RunContext:
 
     @property
     def lease_lost(self) -> bool:
-        """True once this attempt's lease is gone (another attempt may own the
-        run now): the agent's task is being cancelled and nothing it writes
-        will be stored. Agent code that catches the cancellation can read it
-        to tell a lost lease from a Stop or a drain."""
+        """True once this attempt's lease is gone: its task is being cancelled
+        and nothing it writes is stored (tells a lost lease from a Stop)."""
         return self._fence is not None and self._fence.lease_lost
 
     @property
+    def budget(self) -> Budget:
+        return self._budget.budget
+
+    @property
+    def turns(self) -> int:  # this attempt's, replayed ones included
+        return self._budget.turns
+
+    @property
+    def tool_calls(self) -> int:
+        return self._budget.tool_calls
+
+    @property
     def deadline_left_s(self) -> float | None:
-        if self.budget.deadline_s is None:
-            return None
-        return self.budget.deadline_s - (self._clock.monotonic() - self._started)
+        """What is left of deadline_s (wall time since the run was submitted)."""
+        return self._budget.deadline_left_s
 
     async def check(self) -> None:
         """Raise RunCancelled after a Stop, BudgetExceeded past the deadline."""
         if self._cancel.is_set():
             raise RunCancelled("the run was cancelled")
-        left = self.deadline_left_s
-        if left is not None and left <= 0:
-            raise BudgetExceeded(f"deadline of {self.budget.deadline_s} s exceeded")
+        self._budget.check_deadline()
+
+    async def start(self) -> None:
+        """Before the agent (the worker calls it): BudgetExceeded if earlier
+        attempts spent the budget."""
+        await self._budget.start()
 
     async def begin_turn(self) -> int:
         """Count one model turn against max_turns; returns the turn number."""
         await self.check()
-        self.turns += 1
-        if self.budget.max_turns is not None and self.turns > self.budget.max_turns:
-            raise BudgetExceeded(f"max_turns of {self.budget.max_turns} exceeded")
-        return self.turns
+        return self._budget.begin_turn()
 
     def count_tool_call(self) -> int:
-        self.tool_calls += 1
-        if self.budget.max_tool_calls is not None and self.tool_calls > self.budget.max_tool_calls:
-            raise BudgetExceeded(f"max_tool_calls of {self.budget.max_tool_calls} exceeded")
-        return self.tool_calls
+        return self._budget.count_tool_call()
+
+    async def record_usage(self, *, input_tokens: int = 0, output_tokens: int = 0,
+                           cost: float = 0.0) -> Usage:
+        """Report model usage (fenced, summed over every attempt); returns the
+        run's totals. BudgetExceeded when a total passes max_tokens or
+        max_cost: the run ends dead at once."""
+        return await self._budget.record(input_tokens, output_tokens, cost)
+
+    async def submit_child(self, input: Mapping[str, Any], **options: Any) -> str:  # noqa: A002
+        """Submit a child run in this run's tenant (a durable step; options:
+        key, pool, priority, max_attempts, budget); returns its id."""
+        return await self._children.submit(input, **options)
+
+    async def wait_children(self) -> list[dict[str, Any]]:
+        """Every child's outcome once all have finished; until then the run is
+        parked holding no worker slot, and run again when they are (see
+        worker/children.py)."""
+        await self.flush()
+        return await self._children.wait()
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, but wake with RunCancelled as soon as the run is cancelled."""
@@ -161,10 +190,8 @@ class RunContext:
     # -- writes, fenced by the lease ---------------------------------------------
 
     async def _write(self, op: Callable[[], Awaitable[T]]) -> T:
-        """A fenced write that rides out database trouble, but never past the
-        fence: each try first checks the attempt may still write, so a write
-        retried through an outage is dropped, not sent, once the lease could
-        have expired."""
+        """A fenced write that rides out database trouble, never past the
+        fence: a try after the lease could have expired is dropped, not sent."""
         delay = 0.1
         while True:
             if self._fence is not None and not self._fence.may_write():
@@ -224,6 +251,7 @@ class RunContext:
             self._delta_flush = None
         self._raise_flush_error()
         await self._flush_deltas(final=True)
+        await self._budget.sync()
 
     async def _flush_deltas(self, *, final: bool) -> None:
         # Counted from here: a held tail does not make the next delta flush
@@ -240,7 +268,7 @@ class RunContext:
             # bound. The store redacts each event alone, so redact the whole
             # first: a secret cut in two here is already masked.
             text = self.store.redactor.text(text)
-        events = [(kind, {"text": piece}) for piece in _pieces(text, DELTA_EVENT_CHARS)]
+        events = [(kind, {"text": piece}) for piece in text_pieces(text, DELTA_EVENT_CHARS)]
         async with self._write_lock:
             await self._write(lambda: self.store.record_events(self.lease, events))
 
@@ -357,18 +385,6 @@ class RunContext:
             self._delta_flush.cancel()
             await asyncio.wait({self._delta_flush})
         await self.http.aclose()
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    """text in pieces of at most size characters, each ending after the last
-    whitespace in it when there is one."""
-    pieces = []
-    while len(text) > size:
-        cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size)) + 1 or size
-        pieces.append(text[:cut])
-        text = text[cut:]
-    pieces.append(text)
-    return pieces
 
 
 def _now() -> datetime:

@@ -11,9 +11,12 @@ ending differently:
     lease lost    a renewal or a fenced write found the lease gone
     self-fenced   no renewal in time by the worker's own clock
                   -> task cancelled at once, tools SIGKILLed, nothing written
-    deadline      the budget's deadline_s passed -> dead, budget_exceeded
+    deadline      the budget's deadline_s (since submit) passed -> dead, budget_exceeded
 
-Otherwise the agent's own ending decides (see worker/errors.py).
+Otherwise the agent's own ending decides (see worker/errors.py); an agent
+that awaits ctx.wait_children() while a child is unfinished ends the attempt
+waiting (back to pending, the attempt not charged, resumed when the children
+are done: worker/children.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from runlease.core.states import ErrorCode, Outcome, RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import DatabaseUnavailable, LeaseLost
+from runlease.worker.children import WaitForChildren
 from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
 from runlease.worker.toolenv import run_vars
@@ -252,10 +256,9 @@ class Runner:
         ctx = RunContext(lease, self.store, cancel=handle.cancel, tools=handle.tools,
                          started=handle.claimed_at, fence=handle, clock=handle.clock)
         deadline = None
-        if ctx.budget.deadline_s is not None:
+        if (left := ctx.deadline_left_s) is not None:
             deadline = asyncio.get_running_loop().call_later(
-                max(0.0, ctx.budget.deadline_s - (handle.clock.monotonic() - handle.claimed_at)),
-                handle.stop, StopReason.DEADLINE)
+                max(0.0, left), handle.stop, StopReason.DEADLINE)
         result: Any = None
         error: BaseException | None = None
         agent_task: asyncio.Task[Any]
@@ -298,17 +301,16 @@ class Runner:
         return task.result()
 
     async def _agent(self, ctx: RunContext) -> Any:
+        await ctx.start()  # a budget spent by earlier attempts ends the run here
         result = await self.agent(ctx)
         await ctx.flush()
         return result
 
-    async def _finish(self, handle: RunHandle, result: Any,
-                      error: BaseException | None) -> Outcome:
+    async def _stopped(self, handle: RunHandle, reason: StopReason | None,
+                       error: BaseException | None) -> Outcome | None:
+        """The endings that are not the agent's result or failure: a drain,
+        a cancel, a wait for children, the budget."""
         lease = handle.lease
-        reason = handle.reason
-        handle.closing = True
-        if isinstance(error, LeaseLost) or not handle.writes_allowed:
-            return self._lost(handle)
         if reason == StopReason.DRAIN:
             released = await self._retry(handle, lambda: self.store.release(
                 lease.worker, [(lease.run_id, lease.epoch)]))
@@ -320,11 +322,27 @@ class Runner:
             latency = await self._retry(handle, lambda: self.store.finalize_cancel(lease))
             metrics.CANCEL_LATENCY.labels(handle.pool).observe(latency)
             return Outcome.CANCELLED
+        if isinstance(error, WaitForChildren):
+            # Parked until its children finish: no slot held, no attempt charged.
+            status = await self._retry(handle, lambda: self.store.wait_children(lease))
+            return Outcome.WAITING if status == RunStatus.PENDING else Outcome(status.value)
         if reason == StopReason.DEADLINE or isinstance(error, BudgetExceeded):
             message = str(error) if error else "deadline exceeded"
             await self._retry(handle, lambda: self.store.fail(
                 lease, ErrorCode.BUDGET_EXCEEDED.value, message))
             return Outcome.DEAD
+        return None
+
+    async def _finish(self, handle: RunHandle, result: Any,
+                      error: BaseException | None) -> Outcome:
+        lease = handle.lease
+        reason = handle.reason
+        handle.closing = True
+        if isinstance(error, LeaseLost) or not handle.writes_allowed:
+            return self._lost(handle)
+        stopped = await self._stopped(handle, reason, error)
+        if stopped is not None:
+            return stopped
         if error is None:
             try:
                 rendered = Rendered(self.store.render_result(result))

@@ -89,3 +89,15 @@ class OutputEvents:
                                        "text": f"[output over {self.max_bytes} bytes: "
                                                f"{self.dropped} more bytes not shown]\n"}))
         return events
+
+
+def text_pieces(text: str, size: int) -> list[str]:
+    """text in pieces of at most size characters, each ending after the last
+    whitespace in it when there is one."""
+    pieces = []
+    while len(text) > size:
+        cut = max(text.rfind(" ", 0, size), text.rfind("\n", 0, size)) + 1 or size
+        pieces.append(text[:cut])
+        text = text[cut:]
+    pieces.append(text)
+    return pieces

@@ -16,6 +16,7 @@ from runlease.agents.openai.reply import Reply, used_call_ids
 from runlease.agents.openai.request import ChatRequest, OpenAISettings
 from runlease.agents.openai.scrub import Secrets
 from runlease.agents.openai.tools import EVENT_TEXT_CHARS, TOOLS
+from runlease.agents.openai.usage import STREAM_OPTIONS, record_model_usage
 from runlease.worker import RetryableError, RunCancelled, RunContext
 
 DELTA_CHARS = 2048  # ctx.delta stores what it is given in one event; keep pieces small
@@ -49,6 +50,7 @@ async def model_turn(
             else openai.omit,
             max_tokens=request.max_tokens if request.max_tokens is not None else openai.omit,
             extra_headers=None if config.openai_api_key else {"Authorization": openai.omit},
+            stream_options=cast(Any, STREAM_OPTIONS),
         ))
         async with stream, ctx.http.closes(stream.close):
             async for chunk in _chunks(stream, secrets):
@@ -63,6 +65,7 @@ async def model_turn(
         raise RetryableError("the model's stream ended before its message was complete",
                              code=UNAVAILABLE)
     await _stream_text(ctx, scrubber.end())
+    await record_model_usage(ctx, reply.usage)  # may end the run: max_tokens
     message = secrets.scrub_json(reply.message(used_call_ids(messages), turn))
     if message["content"] or "tool_calls" not in message:
         text = message["content"] or ""

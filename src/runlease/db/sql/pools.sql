@@ -34,8 +34,9 @@ SELECT * FROM agent_run_pools ORDER BY name;
 -- delete the others (an override removed from a spec is removed here).
 WITH given AS (
     SELECT * FROM unnest(%(tenants)s::text[], %(limits)s::integer[], %(mins)s::integer[],
-                         %(maxs)s::integer[])
-           AS g (tenant_id, max_in_flight, priority_min, priority_max)
+                         %(maxs)s::integer[], %(submits)s::integer[], %(tokens)s::bigint[])
+           AS g (tenant_id, max_in_flight, priority_min, priority_max, submits_per_minute,
+                 tokens_per_minute)
 ), removed AS (
     DELETE FROM agent_run_tenant_limits t
      WHERE t.pool = %(pool)s
@@ -43,16 +44,21 @@ WITH given AS (
     RETURNING t.tenant_id
 ), upserted AS (
     INSERT INTO agent_run_tenant_limits AS t
-           (pool, tenant_id, max_in_flight, priority_min, priority_max)
+           (pool, tenant_id, max_in_flight, priority_min, priority_max, submits_per_minute,
+            tokens_per_minute)
     SELECT %(pool)s, given.tenant_id, given.max_in_flight, given.priority_min,
-           given.priority_max
+           given.priority_max, given.submits_per_minute, given.tokens_per_minute
       FROM given
         ON CONFLICT (pool, tenant_id) DO UPDATE
        SET max_in_flight = excluded.max_in_flight, priority_min = excluded.priority_min,
-           priority_max = excluded.priority_max, updated_at = now()
-     WHERE (t.max_in_flight, t.priority_min, t.priority_max)
+           priority_max = excluded.priority_max,
+           submits_per_minute = excluded.submits_per_minute,
+           tokens_per_minute = excluded.tokens_per_minute, updated_at = now()
+     WHERE (t.max_in_flight, t.priority_min, t.priority_max, t.submits_per_minute,
+            t.tokens_per_minute)
            IS DISTINCT FROM (excluded.max_in_flight, excluded.priority_min,
-                             excluded.priority_max)
+                             excluded.priority_max, excluded.submits_per_minute,
+                             excluded.tokens_per_minute)
     RETURNING t.tenant_id
 )
 SELECT (SELECT count(*) FROM removed) AS removed, (SELECT count(*) FROM upserted) AS upserted;
@@ -79,11 +85,14 @@ VALUES (%(pool)s, %(tenant)s, %(priority_min)s, %(priority_max)s)
 -- A row that no longer says anything is removed.
 DELETE FROM agent_run_tenant_limits
  WHERE pool = %(pool)s AND tenant_id = %(tenant)s
-   AND max_in_flight IS NULL AND priority_min IS NULL AND priority_max IS NULL;
+   AND max_in_flight IS NULL AND priority_min IS NULL AND priority_max IS NULL
+   AND submits_per_minute IS NULL AND tokens_per_minute IS NULL;
 
 
 -- name: tenant_limits_list
-SELECT tenant_id, max_in_flight, priority_min, priority_max FROM agent_run_tenant_limits
+SELECT tenant_id, max_in_flight, priority_min, priority_max, submits_per_minute,
+       tokens_per_minute
+  FROM agent_run_tenant_limits
  WHERE pool = %(pool)s
  ORDER BY tenant_id;
 
@@ -110,3 +119,13 @@ SELECT owner FROM agent_run_pools WHERE name = %(name)s;
 
 -- name: pool_owner_release
 UPDATE agent_run_pools SET owner = NULL WHERE name = %(name)s AND owner = %(owner)s;
+
+
+-- name: tenant_rate_set
+-- One tenant's rates; its cap and band are kept. NULL: no such rate.
+INSERT INTO agent_run_tenant_limits AS t (pool, tenant_id, submits_per_minute,
+                                          tokens_per_minute)
+VALUES (%(pool)s, %(tenant)s, %(submits_per_minute)s, %(tokens_per_minute)s)
+    ON CONFLICT (pool, tenant_id) DO UPDATE
+   SET submits_per_minute = excluded.submits_per_minute,
+       tokens_per_minute = excluded.tokens_per_minute, updated_at = now();

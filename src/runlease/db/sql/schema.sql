@@ -49,6 +49,11 @@ CREATE TABLE agent_run_tenant_limits (
     updated_at    timestamptz NOT NULL DEFAULT now(),
     priority_min  integer     CHECK (priority_min BETWEEN -100 AND 100),
     priority_max  integer     CHECK (priority_max BETWEEN -100 AND 100),
+    -- Rates (NULL: none): runs submitted per minute (more is an HTTP 429),
+    -- and model tokens per minute (input plus output, from the usage log: a
+    -- tenant over it has no run claimed until its last minute is under it).
+    submits_per_minute integer CHECK (submits_per_minute BETWEEN 1 AND 100000),
+    tokens_per_minute  bigint  CHECK (tokens_per_minute BETWEEN 1 AND 1000000000000),
     PRIMARY KEY (pool, tenant_id),
     CONSTRAINT agent_run_tenant_limits_band_check CHECK (priority_min <= priority_max)
 );
@@ -101,6 +106,20 @@ CREATE TABLE agent_runs (
     backoff_base_s      integer     CHECK (backoff_base_s BETWEEN 0 AND 86400),
     backoff_cap_s       integer     CHECK (backoff_cap_s BETWEEN 0 AND 604800),
     non_retryable_codes text[]      CHECK (cardinality(non_retryable_codes) <= 32),
+    -- Usage summed over every attempt (RunContext.record_usage, begin_turn,
+    -- run_tool): a retried run's budget resumes with what is left.
+    input_tokens        bigint      NOT NULL DEFAULT 0 CHECK (input_tokens >= 0),
+    output_tokens       bigint      NOT NULL DEFAULT 0 CHECK (output_tokens >= 0),
+    cost                numeric     NOT NULL DEFAULT 0 CHECK (cost >= 0),
+    turns_used          integer     NOT NULL DEFAULT 0 CHECK (turns_used >= 0),
+    tool_calls_used     integer     NOT NULL DEFAULT 0 CHECK (tool_calls_used >= 0),
+    -- Child runs: the run that submitted this one (same tenant). No foreign
+    -- key, as for pool: a parent deleted by retention leaves its children be.
+    parent_run_id       uuid,
+    -- A parent waiting for its children (RunContext.wait_children): pending
+    -- and delayed with available_at far ahead, holding no worker slot, until
+    -- the reaper's leader finds its children finished and makes it due.
+    awaiting_children   boolean     NOT NULL DEFAULT false,
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased
@@ -148,6 +167,16 @@ CREATE INDEX agent_runs_pending_priority_idx
 CREATE INDEX agent_runs_delayed_idx
     ON agent_runs (pool, available_at)
     WHERE status = 'pending' AND delayed;
+
+-- A run's children (listing, waiting, cancel cascade); most runs have no parent.
+CREATE INDEX agent_runs_parent_idx
+    ON agent_runs (parent_run_id, id)
+    WHERE parent_run_id IS NOT NULL;
+
+-- Parents waiting for their children: what the leader's wake pass scans.
+CREATE INDEX agent_runs_awaiting_idx
+    ON agent_runs (id)
+    WHERE awaiting_children AND status = 'pending';
 
 CREATE UNIQUE INDEX agent_runs_idempotency_idx
     ON agent_runs (pool, tenant_id, idempotency_key)
@@ -260,6 +289,77 @@ CREATE TABLE agent_run_schedules (
 CREATE INDEX agent_run_schedules_due_idx
     ON agent_run_schedules (next_tick_at)
     WHERE NOT paused;
+
+-- Usage as it is recorded, one row per record_usage: the last minutes of it
+-- answer a tenant's token rate (runlease_claim), the rest is folded into
+-- agent_usage_daily by the reaper's leader and deleted. No foreign key: a
+-- run deleted by retention keeps what it spent.
+CREATE TABLE agent_run_usage_log (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pool          text        NOT NULL,
+    tenant_id     text        NOT NULL,
+    run_id        uuid        NOT NULL,
+    input_tokens  bigint      NOT NULL CHECK (input_tokens >= 0),
+    output_tokens bigint      NOT NULL CHECK (output_tokens >= 0),
+    cost          numeric     NOT NULL CHECK (cost >= 0),
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX agent_run_usage_log_tenant_idx
+    ON agent_run_usage_log (pool, tenant_id, created_at);
+
+CREATE INDEX agent_run_usage_log_created_idx ON agent_run_usage_log (created_at);
+
+-- Usage per tenant, pool and UTC day (GET /v1/usage reads it with the log's
+-- rows not folded yet).
+CREATE TABLE agent_usage_daily (
+    tenant_id     text        NOT NULL,
+    pool          text        NOT NULL,
+    day           date        NOT NULL,
+    input_tokens  bigint      NOT NULL DEFAULT 0,
+    output_tokens bigint      NOT NULL DEFAULT 0,
+    cost          numeric     NOT NULL DEFAULT 0,
+    records       bigint      NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant_id, pool, day)
+);
+
+-- Completion webhooks. Hosts a run's webhook_url may name, as the admin
+-- configures them (`*.example.com` matches subdomains); allow_private lets
+-- the host resolve to loopback, private or link-local addresses.
+CREATE TABLE runlease_webhook_hosts (
+    pattern       text        PRIMARY KEY
+                              CHECK (pattern ~ '^(\*\.)?[a-z0-9]([a-z0-9.:\[\]-]{0,251}[a-z0-9\]])?$'),
+    allow_private boolean     NOT NULL DEFAULT false,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- Each tenant's signing key: deliveries carry HMAC-SHA256(secret, timestamp
+-- "." body), so a tenant can check them and no tenant can forge another's.
+CREATE TABLE agent_webhook_secrets (
+    tenant_id     text        PRIMARY KEY CHECK (length(tenant_id) BETWEEN 1 AND 128),
+    secret        text        NOT NULL,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+-- One delivery per run that named a webhook_url: waiting until the run is
+-- finished, then POSTed by the reaper's leader, retried with backoff;
+-- attempts keeps the last ones ({at, status_code, error}).
+CREATE TABLE agent_run_webhooks (
+    run_id        uuid        PRIMARY KEY REFERENCES agent_runs (id) ON DELETE CASCADE,
+    tenant_id     text        NOT NULL,
+    url           text        NOT NULL CHECK (length(url) BETWEEN 1 AND 2048),
+    state         text        NOT NULL DEFAULT 'waiting'
+                              CHECK (state IN ('waiting', 'delivered', 'failed')),
+    tries         integer     NOT NULL DEFAULT 0,
+    next_at       timestamptz NOT NULL DEFAULT now(),
+    delivered_at  timestamptz,
+    attempts      jsonb       NOT NULL DEFAULT '[]'::jsonb,
+    created_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX agent_run_webhooks_waiting_idx
+    ON agent_run_webhooks (next_at)
+    WHERE state = 'waiting';
 
 -- Leader election (runlease.services.leader): one row per role, such as the
 -- reaper; whoever finds it expired takes it, and the term grows at every change.
@@ -460,12 +560,15 @@ DECLARE
     v_eligible      text[];
     v_k             integer;
     v_due           uuid[];
+    v_rated         boolean;
 BEGIN
     SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s, p.paused,
            p.default_max_in_flight IS NOT NULL
            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t
-                       WHERE t.pool = p_pool AND t.max_in_flight IS NOT NULL)
-      INTO v_lease_s, v_default_limit, v_aging_s, v_paused, v_limited
+                       WHERE t.pool = p_pool AND t.max_in_flight IS NOT NULL),
+           EXISTS (SELECT 1 FROM agent_run_tenant_limits t
+                    WHERE t.pool = p_pool AND t.tokens_per_minute IS NOT NULL)
+      INTO v_lease_s, v_default_limit, v_aging_s, v_paused, v_limited, v_rated
       FROM agent_run_pools p WHERE p.name = p_pool;
     IF NOT FOUND OR v_paused OR p_n < 1 THEN
         RETURN;
@@ -499,6 +602,20 @@ BEGIN
                 SELECT t.tenant_id FROM agent_run_tenant_limits t
                  WHERE t.pool = p_pool
                    AND coalesce(t.max_in_flight, v_default_limit) = 0) x;
+    END IF;
+
+    IF v_rated THEN
+        -- Tenants over their token rate: the model tokens their runs logged
+        -- in the last minute (agent_run_usage_log, by its tenant index). Their
+        -- runs wait, in every claimer alike, until the minute is under the rate.
+        v_skip := v_skip || ARRAY(
+            SELECT t.tenant_id FROM agent_run_tenant_limits t
+             WHERE t.pool = p_pool AND t.tokens_per_minute IS NOT NULL
+               AND (SELECT coalesce(sum(l.input_tokens + l.output_tokens), 0)
+                      FROM agent_run_usage_log l
+                     WHERE l.pool = p_pool AND l.tenant_id = t.tenant_id
+                       AND l.created_at > v_now - interval '60 seconds')
+                   >= t.tokens_per_minute);
     END IF;
 
     -- Runs whose backoff is over become ready (a bounded batch per claim;

@@ -1,0 +1,168 @@
+"""Completion webhooks: delivered once, signed, after the endpoint failed
+twice; URLs held to the admin's allowlist and to public addresses; a
+tenant sees its own deliveries only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from runlease.cli import main as cli
+from runlease.client import AsyncClient, NotFound
+from runlease.core.webhooks import verify
+from runlease.db.store import RunStore
+from runlease.services.webhooks import WebhookSender
+from tests.support.api import Api
+from tests.support.waiting import until
+from tests.support.workers import running_worker
+
+
+@dataclass
+class Receiver:
+    """An HTTP endpoint answering with the scripted statuses, then 200."""
+
+    statuses: list[int]
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    port: int = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")[1:]
+        headers = {k.strip().lower(): v.strip()
+                   for k, _, v in (line.partition(":") for line in lines if line)}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        self.received.append((headers, body))
+        status = self.statuses.pop(0) if self.statuses else 200
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                     .encode())
+        await writer.drain()
+        writer.close()
+
+
+@asynccontextmanager
+async def receiver(*statuses: int) -> AsyncIterator[Receiver]:
+    r = Receiver(list(statuses))
+    server = await asyncio.start_server(r.handle, "127.0.0.1", 0)
+    r.port = server.sockets[0].getsockname()[1]
+    try:
+        yield r
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def allow(api: Api, *hosts: tuple[str, bool]) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as http:
+        response = await http.put("/v1/webhook-hosts", json={
+            "hosts": [{"host": h, "allow_private": p} for h, p in hosts]})
+    assert response.status_code == 200, response.text
+
+
+async def test_a_webhook_is_delivered_once_signed_after_two_failures(
+    api: Api, db_url: str
+) -> None:
+    await allow(api, ("127.0.0.1", True))
+    async with receiver(500, 503) as hook, \
+            AsyncClient(api.url, api.token("acme")) as client:
+        async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+            secret = (await http.get("/v1/webhook-secret")).json()["secret"]
+        run = await client.submit({"steps": []},
+                                  webhook_url=f"http://127.0.0.1:{hook.port}/hook")
+        async with running_worker(db_url, reaper_interval_s=0.2):
+            async def delivered() -> dict[str, Any] | None:
+                found = await client.webhook(run.id)
+                return found if found["state"] == "delivered" else None
+            delivery = await until(delivered, timeout_s=60, what="the webhook's delivery")
+    assert [a.get("status_code") for a in delivery["attempts"]] == [500, 503, 200]
+    assert delivery["tries"] == 3
+    assert len(hook.received) == 3  # and none after the one that succeeded
+    for headers, body in hook.received:
+        assert verify(secret, headers, body, now=time.time())
+        assert not verify("whsec_other", headers, body, now=time.time())
+        assert not verify(secret, headers, body + b" ", now=time.time())
+        # A replay much later is refused by the timestamp.
+        assert not verify(secret, headers, body, now=time.time() + 3600)
+    sent = json.loads(hook.received[-1][1])
+    assert (sent["run_id"], sent["status"], sent["tenant_id"]) == (str(run.id), "done", "acme")
+    assert len({json.loads(b)["delivery_id"] for _, b in hook.received}) == 3
+
+
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/latest/meta-data", "http://localhost:8080/x",
+    "http://evil.example.com/hook", "ftp://127.0.0.1/x", "http://user:pw@127.0.0.1/x",
+    "http://127.0.0.1:99999/x", "http:///nohost", "not a url", "http://127.0.0.1/" + "a" * 3000,
+])
+async def test_webhook_urls_off_the_allowlist_are_a_422(api: Api, db_url: str, url: str) -> None:
+    await allow(api, ("127.0.0.1", True), ("*.hooks.example.com", False))
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+        response = await http.post("/v1/runs", json={"input": {}, "webhook_url": url})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] in ("webhook_url", "body.webhook_url")
+
+
+async def test_an_allowed_host_resolving_to_a_private_address_is_not_called(
+    live_store: RunStore
+) -> None:
+    await live_store.set_webhook_hosts([("localhost", False), ("*.example.com", False)])
+    async with receiver() as hook:
+        url = f"http://localhost:{hook.port}/hook"
+        queued = await live_store.enqueue("default", "acme", {})
+        await live_store.add_webhook(queued.run.id, "acme", url)
+        (lease,) = await live_store.claim("default", "w", 1)
+        await live_store.ack(lease, None)
+        assert await WebhookSender(live_store).run_once() == 1
+        assert hook.received == []
+    found = await live_store.webhook(queued.run.id)
+    assert found is not None
+    assert found["state"] == "failed"
+    assert "non-public" in found["attempts"][0]["error"]
+    assert await live_store.webhook(queued.run.id, tenant_id="globex") is None
+
+
+async def test_a_waiting_run_is_not_delivered_and_tenants_see_their_own(
+    api: Api, live_store: RunStore
+) -> None:
+    await allow(api, ("127.0.0.1", True))
+    async with AsyncClient(api.url, api.token("acme")) as acme, \
+            AsyncClient(api.url, api.token("globex")) as globex:
+        run = await acme.submit({}, webhook_url="http://127.0.0.1:9/hook")
+        assert await WebhookSender(live_store).run_once() == 0  # not finished yet
+        assert (await acme.webhook(run.id))["state"] == "waiting"
+        with pytest.raises(NotFound):
+            await globex.webhook(run.id)
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        mine = await http.get("/v1/webhook-secret", headers=api.headers("acme"))
+        theirs = await http.get("/v1/webhook-secret", params={"tenant_id": "acme"},
+                                headers=api.headers("globex"))
+        rotated = await http.post("/v1/webhook-secret/rotate", headers=api.headers("acme"))
+        hosts = await http.get("/v1/webhook-hosts", headers=api.headers("acme"))
+    assert theirs.status_code == 422
+    assert rotated.json()["secret"] != mine.json()["secret"]
+    assert hosts.status_code == 403
+
+
+async def test_the_cli_sets_hosts_and_shows_the_key(api: Api) -> None:
+    def run(who: str, *args: str) -> Any:
+        result = CliRunner().invoke(cli, [*args, "--api-url", api.url, "--token",
+                                          api.token(who)])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    out = await asyncio.to_thread(run, "admin", "webhooks", "hosts", "--set",
+                                  "127.0.0.1:private", "--set", "*.hooks.example.com", "--json")
+    assert json.loads(out)["hosts"] == [
+        {"host": "*.hooks.example.com", "allow_private": False},
+        {"host": "127.0.0.1", "allow_private": True}]
+    key = (await asyncio.to_thread(run, "acme", "webhooks", "secret")).strip()
+    async with AsyncClient(api.url, api.token("acme")) as client:
+        assert await client.webhook_secret() == key
+        assert await client.webhook_secret(rotate=True) != key
