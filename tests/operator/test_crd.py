@@ -69,7 +69,7 @@ def test_the_commented_example_is_valid() -> None:
     spec = parse(EXAMPLE["metadata"]["name"], EXAMPLE["metadata"]["namespace"],
                  EXAMPLE["spec"])
     assert spec.tenant_overrides == {"enterprise-co": TenantLimit(100),
-                                     "free-tier": TenantLimit(2, -10, 10)}
+                                     "free-tier": TenantLimit(2, -10, 10, 600, 2_000_000)}
 
 
 def test_a_minimal_pool_is_valid() -> None:

@@ -56,7 +56,8 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
                           tenants={"defaultMaxInFlight": 3,
                                    "overrides": [{"tenant": "vip", "maxInFlight": 10},
                                                  {"tenant": "low", "priorityMin": -10,
-                                                  "priorityMax": 0}]})
+                                                  "priorityMax": 0, "submitsPerMinute": 60,
+                                                  "tokensPerMinute": 50_000}]})
         await eventually(lambda: stored(kmock, PDBS, "batch-workers"))  # applied last
         deployment = stored(kmock, DEPLOYMENTS, "batch-workers")
         service = stored(kmock, SERVICES, "batch-metrics")
@@ -81,11 +82,12 @@ async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
             pools = conn.execute("SELECT name, max_attempts, lease_s, default_max_in_flight,"
                                  " retention_s, paused, tool_env"
                                  " FROM agent_run_pools ORDER BY name").fetchall()
-            limits = conn.execute("SELECT tenant_id, max_in_flight, priority_min, priority_max"
+            limits = conn.execute("SELECT tenant_id, max_in_flight, priority_min, priority_max,"
+                                  " submits_per_minute, tokens_per_minute"
                                   " FROM agent_run_tenant_limits"
                                   " WHERE pool = 'batch' ORDER BY tenant_id").fetchall()
         assert ("batch", 3, 45, 3, 3600, True, ["GITHUB_TOKEN", "HTTPS_PROXY"]) in pools
-        assert limits == [("low", None, -10, 0), ("vip", 10, None, None)]
+        assert limits == [("low", None, -10, 0, 60, 50_000), ("vip", 10, None, None, None, None)]
         # The operator's own calls all went through the kubernetes client
         # (kopf's watches and status patches are kopf's).
         calls = [r for r in list(kmock)

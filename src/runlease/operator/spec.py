@@ -236,11 +236,17 @@ def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:
         if limit is not None:
             limit = _bounded(f"{where}.maxInFlight",
                              partial(bounds.check_max_in_flight, "maxInFlight"), limit)
+        submits, tokens = item.get("submitsPerMinute"), item.get("tokensPerMinute")
         try:
             lo, hi = bounds.check_priority_band(item.get("priorityMin"), item.get("priorityMax"))
+            bounds.check_rates(submits, tokens)
         except ValidationError as exc:
-            raise InvalidSpec(f"{where}.{exc.field}: {exc.message}") from None
-        overrides[tenant] = TenantLimit(limit, lo, hi)
+            field_name = {"submits_per_minute": "submitsPerMinute",
+                          "tokens_per_minute": "tokensPerMinute"}.get(exc.field, exc.field)
+            raise InvalidSpec(f"{where}.{field_name}: {exc.message}") from None
+        # The spec is the whole truth of an operator's pool: rates it leaves
+        # out are none (as caps and bands), never kept from an API call.
+        overrides[tenant] = TenantLimit(limit, lo, hi, submits, tokens)
     return overrides
 
 
