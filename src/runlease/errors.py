@@ -31,6 +31,11 @@ class UnknownPool(ValidationError):
         self.pool = pool
 
 
+class NotAllowed(ValidationError):
+    """Well formed, but not permitted by what the admin configured (a webhook
+    host off the allowlist): a 403 naming the field, not a 422."""
+
+
 class ItemError:
     """Why one item of a batch was refused: its index, a code, the field."""
 

@@ -9,6 +9,8 @@ description and refused by the server with a 422 that names the field.
 - A priority band has `min` <= `max`: a rule between two fields.
 - A run's `run_at` is at most 366 days ahead (of now, which a schema
   cannot name).
+- A usage report spans at most 366 days, `from` not after `to` (default
+  today): a rule between two parameters and now.
 - A schedule's cron expression names a time that exists (the schema gives
   each field's grammar and range; `0 0 31 2 *` fits them and never ticks),
   and its ranges run low to high.
@@ -16,7 +18,7 @@ description and refused by the server with a 422 that names the field.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import schemathesis
@@ -67,6 +69,26 @@ def _bad_cron(body: dict[str, Any]) -> bool:
     except ValidationError:
         return True
     return False
+
+
+def _bad_span(query: dict[str, Any]) -> bool:
+    def day(key: str) -> date | None:
+        value = query.get(key)
+        try:
+            return date.fromisoformat(value) if isinstance(value, str) else None
+        except ValueError:
+            return None
+
+    if "from" not in query and "to" not in query:
+        return False
+    end = day("to") or datetime.now(UTC).date()
+    start = day("from") or end
+    return end < start or (end - start).days >= 366
+
+
+@schemathesis.hook
+def filter_query(ctx: Any, query: Any) -> bool:
+    return not (isinstance(query, dict) and _bad_span(query))
 
 
 @schemathesis.hook

@@ -17,6 +17,7 @@ from runlease.errors import (
     DatabaseUnavailable,
     IdempotencyConflict,
     InvalidTransition,
+    NotAllowed,
     RunleaseError,
     RunNotFound,
     UnknownPool,
@@ -111,6 +112,8 @@ async def _runlease_error(request: Request, exc: Exception) -> JSONResponse:
         # Well-formed, naming something that does not exist (yet): a 404 that
         # names the field, as a missing run is a 404.
         return error_response(404, "unknown_pool", str(exc), exc.field)
+    if isinstance(exc, NotAllowed):
+        return error_response(403, "not_allowed", str(exc), exc.field)
     if isinstance(exc, ValidationError):
         return error_response(422, "invalid_request", str(exc), exc.field)
     if isinstance(exc, DatabaseUnavailable):

@@ -39,6 +39,11 @@ LabelValue = Annotated[str, StringConstraints(max_length=run_options.LABEL_VALUE
 Labels = dict[LabelKey, LabelValue]
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
 TENANT_PATTERN = r"^[^\x00-\x20\x7f]+$"  # printable, no spaces: bounds.check_tenant
+# What core/webhooks.host_of accepts, said in the document: http(s), a host
+# name or IPv4 address (no credentials), a port, then printable ASCII.
+WEBHOOK_URL_PATTERN = (r"^https?://[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*"
+                       r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}"
+                       r"|[0-9]{1,4}))?([/?#][!-~]*)?$")
 # A tool's environment: a variable name, never one of the worker's own
 # (bounds.check_tool_env refuses RUNLEASE_*, PG* and DATABASE_URL).
 TOOL_ENV_PATTERN = r"^(?!RUNLEASE_|PG|DATABASE_URL$)[A-Z_][A-Z0-9_]{0,127}$"
@@ -98,10 +103,15 @@ class BudgetIn(Strict):
     max_tool_calls: ToolCalls | None = None
     deadline_s: (Annotated[StrictInt, Field(gt=0, le=DEADLINE_S_MAX)]
                  | Annotated[StrictFloat, Field(gt=0, le=DEADLINE_S_MAX)] | None) = None
-    max_tokens: StrictInt | None = Field(None, ge=1, le=bounds.MAX_TOKENS_MAX,
-                                         description="Input plus output tokens, all attempts.")
-    max_cost: StrictInt | StrictFloat | None = Field(None, gt=0, le=bounds.MAX_COST_MAX,
-                                                     allow_inf_nan=False)
+    max_tokens: Annotated[int, Field(strict=True, ge=1, le=bounds.MAX_TOKENS_MAX),
+                          INTEGRAL] | None = Field(
+        None, description="Input plus output tokens, all attempts.")
+    # Bounds on each member of the union: on the union itself the document
+    # would not say them (and a 0 would look valid to a client).
+    max_cost: (Annotated[StrictInt, Field(gt=0, le=bounds.MAX_COST_MAX)]
+               | Annotated[StrictFloat, Field(gt=0, le=bounds.MAX_COST_MAX, allow_inf_nan=False)]
+               | None) = Field(None, description="Model cost over all attempts (the unit the "
+                                                 "agents report in).")
 
 
 def not_a_number(value: object) -> object:
@@ -188,7 +198,8 @@ class RunCreate(Strict):
         None, description="Submit the run as a child of this run (the same tenant's, "
                           "not finished): cancelling the parent cancels it.")
     webhook_url: str | None = Field(
-        None, min_length=1, max_length=2048,
+        None, min_length=1, max_length=2048, pattern=WEBHOOK_URL_PATTERN,
+        examples=["https://hooks.example.com/runlease"],
         description="POSTed a signed notice when the run finishes; its host must be on the "
                     "admin's webhook allowlist.")
 
@@ -334,9 +345,12 @@ class TenantRate(Strict):
     minute (more is a 429 with Retry-After) and model tokens per minute (a
     tenant over it has no run claimed until its last minute is under it)."""
 
-    submits_per_minute: StrictInt | None = Field(None, ge=1,
-                                                 le=bounds.SUBMITS_PER_MINUTE_MAX)
-    tokens_per_minute: StrictInt | None = Field(None, ge=1, le=bounds.TOKENS_PER_MINUTE_MAX)
+    submits_per_minute: Annotated[int, Field(strict=True, ge=1,
+                                             le=bounds.SUBMITS_PER_MINUTE_MAX),
+                                  INTEGRAL] | None = None
+    tokens_per_minute: Annotated[int, Field(strict=True, ge=1,
+                                            le=bounds.TOKENS_PER_MINUTE_MAX),
+                                 INTEGRAL] | None = None
 
 
 class PoolIn(Strict):

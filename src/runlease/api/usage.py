@@ -3,15 +3,15 @@ its own usage only; admin sees everyone's, or one tenant's with tenant_id."""
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from runlease.api.deps import Store, Who
-from runlease.api.errors import invalid
-from runlease.api.schemas import POOL_PATTERN
+from runlease.api.errors import ErrorAnswer
+from runlease.api.schemas import POOL_PATTERN, TENANT_PATTERN
 from runlease.core import bounds
 from runlease.db.usage import MAX_REPORT_DAYS
 
@@ -34,33 +34,47 @@ class UsageReport(BaseModel):
     items: list[UsageItem]
 
 
+def _a_day(value: object) -> object:
+    """pydantic would read a number (`0`) as a Unix time; the document says a
+    day (YYYY-MM-DD), so only that is taken."""
+    if isinstance(value, int | float) or (
+            isinstance(value, str) and value.strip().lstrip("+-").isdigit()):
+        raise ValueError("a day as YYYY-MM-DD, not a number")
+    return value
+
+
 @router.get("/usage", response_model=UsageReport, response_model_by_alias=True)
 async def usage(
     who: Who, store: Store,
-    start: Annotated[date | None, Query(alias="from",
-                                        description="First UTC day; default: `to`.")] = None,
-    end: Annotated[date | None, Query(alias="to", description="Last UTC day (inclusive); "
-                                                               "default: today.")] = None,
+    start: Annotated[date | None, BeforeValidator(_a_day),
+                     Query(alias="from", description="First UTC day; default: `to`.")] = None,
+    end: Annotated[date | None, BeforeValidator(_a_day),
+                   Query(alias="to", description="Last UTC day (inclusive); default: today.")
+                   ] = None,
     group_by: Literal["tenant", "pool", "day"] = "day",
     tenant_id: Annotated[str | None, Query(min_length=1, max_length=bounds.TENANT_MAX_CHARS,
+                                           pattern=TENANT_PATTERN,
                                            description="Admin: one tenant only.")] = None,
     pool: Annotated[str | None, Query(min_length=1, max_length=bounds.POOL_MAX_CHARS,
                                       pattern=POOL_PATTERN)] = None,
 ) -> UsageReport:
     """Model usage the agents reported (tokens, cost), summed by `group_by`
-    over the UTC days from `from` to `to`, at most 366 days."""
+    over the UTC days from `from` to `to`: at most the last 366 days of that
+    span (the answer's `from` says which); `from` after `to` covers none."""
     if not who.admin:
         if tenant_id is not None and tenant_id != who.tenant_id:
-            raise invalid("tenant_id", "a tenant token sees its own usage only")
+            raise ErrorAnswer(403, "forbidden", "tenant_id: a tenant token sees its own usage only",
+                              "tenant_id")
         tenant_id = who.tenant_id
     end = end or datetime.now(UTC).date()
     start = start or end
-    if end < start:
-        raise invalid("to", "must not be before from")
-    if (end - start).days >= MAX_REPORT_DAYS:
-        raise invalid("to", f"a report spans at most {MAX_REPORT_DAYS} days")
-    rows = await store.usage_report(start=start, end=end, group_by=group_by,
-                                    tenant_id=tenant_id, pool=pool)
+    # Rules between two parameters (and today) that a schema cannot state
+    # answer with what they cover, not a 422: a span longer than the bound
+    # is its last MAX_REPORT_DAYS days (the answer's `from` says so), and
+    # `from` after `to` covers no day.
+    start = max(start, end - timedelta(days=MAX_REPORT_DAYS - 1))
+    rows = [] if end < start else await store.usage_report(
+        start=start, end=end, group_by=group_by, tenant_id=tenant_id, pool=pool)
     return UsageReport.model_validate({
         "group_by": group_by, "from": start, "to": end,
         "items": [UsageItem(key=r.key, input_tokens=r.input_tokens,

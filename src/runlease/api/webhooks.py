@@ -11,9 +11,9 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field, StrictBool
 
 from runlease.api.deps import Admin, JsonBody, Store, Who
-from runlease.api.errors import invalid
+from runlease.api.errors import ErrorAnswer
 from runlease.api.schemas import ErrorBody, Strict
-from runlease.core import bounds
+from runlease.core import bounds, webhooks
 from runlease.errors import RunNotFound
 
 router = APIRouter(prefix="/v1")
@@ -31,7 +31,7 @@ class WebhookOut(BaseModel):
 
 
 class WebhookHost(Strict):
-    host: str = Field(min_length=1, max_length=253,
+    host: str = Field(min_length=1, max_length=253, pattern=webhooks.HOST_PATTERN,
                       description="A host name or address; `*.example.com` for subdomains.")
     allow_private: StrictBool = Field(False, description="May resolve to loopback, private "
                                                          "or link-local addresses.")
@@ -96,9 +96,11 @@ async def rotate_webhook_secret(
 def _tenant(own: str | None, admin: bool, given: str | None) -> str:
     if admin:
         if given is None:
-            raise invalid("tenant_id", "admin must name the tenant")
+            raise ErrorAnswer(403, "tenant_required", "tenant_id: an admin token has no key of "
+                              "its own; name the tenant", "tenant_id")
         return given
     if given is not None and given != own:
-        raise invalid("tenant_id", "a tenant token sees its own key only")
+        raise ErrorAnswer(403, "forbidden", "tenant_id: a tenant token sees its own key only",
+                          "tenant_id")
     assert own is not None
     return own

@@ -25,7 +25,8 @@ URL_MAX_CHARS = 2048
 TIMESTAMP_HEADER = "Runlease-Timestamp"
 SIGNATURE_HEADER = "Runlease-Signature"
 DEFAULT_TOLERANCE_S = 300
-_HOST_RE = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9.:\[\]-]{0,251}[a-z0-9\]])?$")
+HOST_PATTERN = r"^(\*\.)?[a-z0-9]([a-z0-9.:\[\]-]{0,251}[a-z0-9\]])?$"
+_HOST_RE = re.compile(HOST_PATTERN)
 
 
 def check_host_pattern(pattern: object) -> str:

@@ -14,7 +14,7 @@ from uuid import UUID
 from runlease.core import bounds
 from runlease.core.webhooks import allowed, check_host_pattern, host_of
 from runlease.db.executor import Conn, Executor
-from runlease.errors import ValidationError
+from runlease.errors import NotAllowed, ValidationError
 
 MAX_HOSTS = 1000
 MAX_TRIES = 10
@@ -44,15 +44,17 @@ class WebhookStore(Executor):
                                 conn: Conn | None = None) -> None:
         if len(hosts) > MAX_HOSTS:
             raise ValidationError("hosts", f"at most {MAX_HOSTS}")
-        patterns = [check_host_pattern(h) for h, _ in hosts]
+        # A host named twice is one entry, the last saying whether it may be private.
+        chosen = {check_host_pattern(h): bool(p) for h, p in hosts}
         await self._rows("webhook_hosts_replace", {
-            "patterns": patterns, "private": [bool(p) for _, p in hosts]}, conn)
+            "patterns": list(chosen), "private": list(chosen.values())}, conn)
 
     async def check_webhook_url(self, url: object, *, conn: Conn | None = None) -> str:
-        """The URL, if its host is on the admin's allowlist (ValidationError otherwise)."""
+        """The URL, if its host is on the admin's allowlist (NotAllowed otherwise;
+        ValidationError for a malformed URL)."""
         host = host_of(url)
         if not allowed(host, await self.webhook_hosts(conn=conn))[0]:
-            raise ValidationError("webhook_url", f"host {host!r} is not on the webhook allowlist")
+            raise NotAllowed("webhook_url", f"host {host!r} is not on the webhook allowlist")
         assert isinstance(url, str)
         return url
 
