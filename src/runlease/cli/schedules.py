@@ -4,6 +4,7 @@ that enqueue a run at each tick, from a terminal."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.cli.terminal import api_options, client, emit_json, out
-from runlease.client import ScheduleView
+from runlease.client import Client, ScheduleView
 
 
 @click.group()
@@ -110,22 +111,21 @@ def show(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
     out(f"template: {json.dumps(schedule.template)}")
 
 
-@schedules.command("pause")
-@api_options
-@click.argument("schedule_id")
-def pause(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
-    """Enqueue nothing until resumed."""
-    with client(api_url, token) as api:
-        _show(api.pause_schedule(schedule_id), as_json, "paused")
+def _pausing(name: str, help_: str, verb: str,
+             call: Callable[[Client, str], ScheduleView]) -> click.Command:
+    """pause and resume: the same command but for the call and its verb."""
+    @schedules.command(name, help=help_)
+    @api_options
+    @click.argument("schedule_id")
+    def command(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
+        with client(api_url, token) as api:
+            _show(call(api, schedule_id), as_json, verb)
+    return command
 
 
-@schedules.command("resume")
-@api_options
-@click.argument("schedule_id")
-def resume(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
-    """Tick again, from the first tick after now."""
-    with client(api_url, token) as api:
-        _show(api.resume_schedule(schedule_id), as_json, "resumed")
+pause = _pausing("pause", "Enqueue nothing until resumed.", "paused", Client.pause_schedule)
+resume = _pausing("resume", "Tick again, from the first tick after now.", "resumed",
+                  Client.resume_schedule)
 
 
 @schedules.command("delete")
