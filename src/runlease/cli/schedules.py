@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from runlease.cli.retry import retry_kwargs, retry_options
-from runlease.cli.terminal import api_options, client, emit_json, out
+from runlease.cli.terminal import api_options, client, emit_json, out, page_out
 from runlease.client import Client, ScheduleView
 
 
@@ -89,12 +89,7 @@ def list_schedules(api_url: str, token: str, as_json: bool, limit: int,
     """Your schedules by name (admin: everyone's)."""
     with client(api_url, token) as api:
         page = api.schedules(limit=limit, cursor=cursor)
-    if as_json:
-        emit_json(page)
-        return
-    out(_table(page.items))
-    if page.next_cursor:
-        out(f"more: --cursor {json.dumps(page.next_cursor)}")
+    page_out(page, as_json, _table, json.dumps)
 
 
 @schedules.command("show")
