@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from runlease.client.views import RunPage, RunView, StepPage, StepView
 
 T = TypeVar("T")
 P = ParamSpec("P")
+F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_BATCH = 1000  # runs per POST /v1/runs/batch
 
@@ -120,18 +122,26 @@ A = TypeVar("A", bound=_SendsAsync)
 def sends(build: Callable[P, Call[T]]) -> Callable[Concatenate[S, P], T]:
     """Client's method that sends the call `build` declares: its signature and
     docstring are the call's, so each is written once for both clients."""
-    @functools.wraps(build)
     def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return self._send(build(*args, **kwargs))
-    return method
+    return _described(method, build)
 
 
 def sends_async(build: Callable[P, Call[T]]) -> Callable[Concatenate[A, P],
                                                           Coroutine[Any, Any, T]]:
     """AsyncClient's method that sends the call `build` declares (see sends)."""
-    @functools.wraps(build)
     async def method(self: A, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._send(build(*args, **kwargs))
+    return _described(method, build)
+
+
+def _described(method: F, build: Callable[..., Any]) -> F:
+    """The method's name, docstring and signature (for help()) are the call's,
+    but for what it returns: the answer read, not the Call."""
+    functools.update_wrapper(method, build)
+    del method.__wrapped__  # type: ignore[attr-defined]
+    method.__signature__ = inspect.signature(build).replace(  # type: ignore[attr-defined]
+        return_annotation=inspect.Signature.empty)
     return method
 
 
