@@ -391,16 +391,22 @@ async def test_one_fanout_read_gives_each_run_its_new_events_and_status_by_index
     assert rows <= 2 * len(after) + 10, (rows, how)
 
 
-def test_every_transition_that_writes_an_event_or_ends_a_run_notifies_the_streams() -> None:
+def test_every_transition_that_writes_an_event_or_ends_a_run_notifies_the_streams(
+    db_url: str,
+) -> None:
     # The fan-out reads a run only when notified: a transition that wrote an
     # event or ended the run without a NOTIFY would leave its streams waiting.
-    # The channel is written out in the SQL (statements run by hand need no
-    # parameter for it): it must be the one the API listens on.
+    # The channel is written out in runlease_notify_events (statements run by
+    # hand need no parameter for it): it must be the one the API listens on.
     for name in ("run_ack", "run_nack", "run_fail", "run_release", "run_request_cancel",
                  "run_finalize_cancel", "run_reap", "run_redrive"):
-        assert f"pg_notify('{EVENTS_CHANNEL}', upd.id::text || ':' || upd.event_seq)" in \
+        assert "runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq))" in \
             sql(name), name
         assert "CROSS JOIN events_notify" in sql(name), name
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        (body,) = conn.execute("SELECT prosrc FROM pg_proc"
+                               " WHERE proname = 'runlease_notify_events'").fetchone()
+    assert f"pg_notify('{EVENTS_CHANNEL}', e.id::text || ':' || e.seq)" in body
 
 
 async def test_subscribers_leaving_mid_wait_never_stall_the_reader_for_the_others(

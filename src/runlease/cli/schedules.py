@@ -4,14 +4,15 @@ that enqueue a run at each tick, from a terminal."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
 from rich.table import Table
 
 from runlease.cli.retry import retry_kwargs, retry_options
-from runlease.cli.terminal import api_options, client, emit_json, out
-from runlease.client import ScheduleView
+from runlease.cli.terminal import api_options, client, emit_json, out, page_out
+from runlease.client import Client, ScheduleView
 
 
 @click.group()
@@ -88,12 +89,7 @@ def list_schedules(api_url: str, token: str, as_json: bool, limit: int,
     """Your schedules by name (admin: everyone's)."""
     with client(api_url, token) as api:
         page = api.schedules(limit=limit, cursor=cursor)
-    if as_json:
-        emit_json(page)
-        return
-    out(_table(page.items))
-    if page.next_cursor:
-        out(f"more: --cursor {json.dumps(page.next_cursor)}")
+    page_out(page, as_json, _table, json.dumps)
 
 
 @schedules.command("show")
@@ -110,22 +106,21 @@ def show(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
     out(f"template: {json.dumps(schedule.template)}")
 
 
-@schedules.command("pause")
-@api_options
-@click.argument("schedule_id")
-def pause(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
-    """Enqueue nothing until resumed."""
-    with client(api_url, token) as api:
-        _show(api.pause_schedule(schedule_id), as_json, "paused")
+def _pausing(name: str, help_: str, verb: str,
+             call: Callable[[Client, str], ScheduleView]) -> click.Command:
+    """pause and resume: the same command but for the call and its verb."""
+    @schedules.command(name, help=help_)
+    @api_options
+    @click.argument("schedule_id")
+    def command(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
+        with client(api_url, token) as api:
+            _show(call(api, schedule_id), as_json, verb)
+    return command
 
 
-@schedules.command("resume")
-@api_options
-@click.argument("schedule_id")
-def resume(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
-    """Tick again, from the first tick after now."""
-    with client(api_url, token) as api:
-        _show(api.resume_schedule(schedule_id), as_json, "resumed")
+pause = _pausing("pause", "Enqueue nothing until resumed.", "paused", Client.pause_schedule)
+resume = _pausing("resume", "Tick again, from the first tick after now.", "resumed",
+                  Client.resume_schedule)
 
 
 @schedules.command("delete")

@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from runlease.client import ApiError, Client, RunPage, RunView, StepPage
+from runlease.client import ApiError, Client, RunPage, RunView, SchedulePage, StepPage
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
@@ -90,14 +90,16 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(jsonable(value), indent=2))
 
 
-def page_out(page: RunPage | StepPage, as_json: bool, table: Callable[[Any], Table]) -> None:
-    """A page: as JSON, or as a table and how to ask for the next one."""
+def page_out(page: RunPage | StepPage | SchedulePage, as_json: bool,
+             table: Callable[[Any], Table], cursor: Callable[[str], str] = str) -> None:
+    """A page: as JSON, or as a table and how to ask for the next one (its
+    cursor written by `cursor`)."""
     if as_json:
         emit_json(page)
         return
     out(table(page.items))
     if page.next_cursor:
-        out(f"more: --cursor {page.next_cursor}")
+        out(f"more: --cursor {cursor(page.next_cursor)}")
 
 
 def runs_table(runs: list[RunView], title: str | None = None) -> Table:

@@ -1,5 +1,5 @@
 """Bulk cancel and redrive and re-prioritising, for both clients (mixed
-into Client and AsyncClient; each gives `_call`)."""
+into Client and AsyncClient; each gives `_send`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import httpx
+
+from runlease.client.calls import Call, check, sends, sends_async
 from runlease.client.views import RunView
 
 
@@ -45,51 +48,54 @@ def bulk_body(ids: Sequence[UUID | str] | None, status: Sequence[str] | None,
     return {"filter": where, "dry_run": dry_run}
 
 
-class SyncActions:
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        raise NotImplementedError
+def _bulk(response: httpx.Response) -> BulkView:
+    return BulkView.from_json(check(response))
 
-    def bulk_cancel(self, ids: Sequence[UUID | str] | None = None, *,
+
+def _run(response: httpx.Response) -> RunView:
+    return RunView.from_json(check(response))
+
+
+class ActionCalls:
+    """The calls, declared once; SyncActions and AsyncActions send them."""
+
+    @staticmethod
+    def bulk(action: str, ids: Sequence[UUID | str] | None, status: Sequence[str] | None,
+             pool: str | None, tenant_id: str | None, label: Sequence[str] | None,
+             dry_run: bool) -> Call[BulkView]:
+        return Call("POST", f"/v1/runs/{action}", _bulk, json=bulk_body(
+            ids, status, pool, tenant_id, dry_run, label))
+
+    @staticmethod
+    def bulk_cancel(ids: Sequence[UUID | str] | None = None, *,
                     status: Sequence[str] | None = None, pool: str | None = None,
                     tenant_id: str | None = None, label: Sequence[str] | None = None,
-                    dry_run: bool = False) -> BulkView:
+                    dry_run: bool = False) -> Call[BulkView]:
         """Cancel the runs named by `ids` (at most 1,000), or else those
         matching status/pool (and, for admins, tenant_id)."""
-        return BulkView.from_json(self._call("POST", "/v1/runs/cancel", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run, label)))
+        return ActionCalls.bulk("cancel", ids, status, pool, tenant_id, label, dry_run)
 
-    def bulk_redrive(self, ids: Sequence[UUID | str] | None = None, *,
+    @staticmethod
+    def bulk_redrive(ids: Sequence[UUID | str] | None = None, *,
                      status: Sequence[str] | None = None, pool: str | None = None,
                      tenant_id: str | None = None, label: Sequence[str] | None = None,
-                     dry_run: bool = False) -> BulkView:
+                     dry_run: bool = False) -> Call[BulkView]:
         """Redrive the dead runs named by `ids`, or else those matching."""
-        return BulkView.from_json(self._call("POST", "/v1/runs/redrive", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run, label)))
+        return ActionCalls.bulk("redrive", ids, status, pool, tenant_id, label, dry_run)
 
-    def reprioritize(self, run_id: UUID | str, priority: int) -> RunView:
+    @staticmethod
+    def reprioritize(run_id: UUID | str, priority: int) -> Call[RunView]:
         """A pending run's new priority (within the tenant's band)."""
-        return RunView.from_json(self._call("PATCH", f"/v1/runs/{run_id}",
-                                            json={"priority": priority}))
+        return Call("PATCH", f"/v1/runs/{run_id}", _run, json={"priority": priority})
+
+
+class SyncActions:
+    bulk_cancel = sends(ActionCalls.bulk_cancel)
+    bulk_redrive = sends(ActionCalls.bulk_redrive)
+    reprioritize = sends(ActionCalls.reprioritize)
 
 
 class AsyncActions:
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    async def bulk_cancel(self, ids: Sequence[UUID | str] | None = None, *,
-                          status: Sequence[str] | None = None, pool: str | None = None,
-                          tenant_id: str | None = None, label: Sequence[str] | None = None,
-                          dry_run: bool = False) -> BulkView:
-        return BulkView.from_json(await self._call("POST", "/v1/runs/cancel", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run, label)))
-
-    async def bulk_redrive(self, ids: Sequence[UUID | str] | None = None, *,
-                           status: Sequence[str] | None = None, pool: str | None = None,
-                           tenant_id: str | None = None, label: Sequence[str] | None = None,
-                           dry_run: bool = False) -> BulkView:
-        return BulkView.from_json(await self._call("POST", "/v1/runs/redrive", json=bulk_body(
-            ids, status, pool, tenant_id, dry_run, label)))
-
-    async def reprioritize(self, run_id: UUID | str, priority: int) -> RunView:
-        return RunView.from_json(await self._call("PATCH", f"/v1/runs/{run_id}",
-                                                  json={"priority": priority}))
+    bulk_cancel = sends_async(ActionCalls.bulk_cancel)
+    bulk_redrive = sends_async(ActionCalls.bulk_redrive)
+    reprioritize = sends_async(ActionCalls.reprioritize)

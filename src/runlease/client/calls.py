@@ -6,11 +6,13 @@ here too, so only the I/O differs between them."""
 from __future__ import annotations
 
 import builtins
+import functools
+import inspect
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
 from uuid import UUID
 
 import httpx
@@ -19,6 +21,8 @@ from runlease.client.errors import ApiError, Conflict, NotFound, Unauthorized
 from runlease.client.views import RunPage, RunView, StepPage, StepView
 
 T = TypeVar("T")
+P = ParamSpec("P")
+F = TypeVar("F", bound=Callable[..., Any])
 
 MAX_BATCH = 1000  # runs per POST /v1/runs/batch
 
@@ -103,6 +107,44 @@ class Call(Generic[T]):
                                   headers=self.headers)
 
 
+class _Sends(Protocol):
+    def _send(self, call: Call[T], /) -> T: ...
+
+
+class _SendsAsync(Protocol):
+    def _send(self, call: Call[T], /) -> Awaitable[T]: ...
+
+
+S = TypeVar("S", bound=_Sends)
+A = TypeVar("A", bound=_SendsAsync)
+
+
+def sends(build: Callable[P, Call[T]]) -> Callable[Concatenate[S, P], T]:
+    """Client's method that sends the call `build` declares: its signature and
+    docstring are the call's, so each is written once for both clients."""
+    def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._send(build(*args, **kwargs))
+    return _described(method, build)
+
+
+def sends_async(build: Callable[P, Call[T]]) -> Callable[Concatenate[A, P],
+                                                          Coroutine[Any, Any, T]]:
+    """AsyncClient's method that sends the call `build` declares (see sends)."""
+    async def method(self: A, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._send(build(*args, **kwargs))
+    return _described(method, build)
+
+
+def _described(method: F, build: Callable[..., Any]) -> F:
+    """The method's name, docstring and signature (for help()) are the call's,
+    but for what it returns: the answer read, not the Call."""
+    functools.update_wrapper(method, build)
+    del method.__wrapped__  # type: ignore[attr-defined]
+    method.__signature__ = inspect.signature(build).replace(  # type: ignore[attr-defined]
+        return_annotation=inspect.Signature.empty)
+    return method
+
+
 class Calls:
     """The API's calls, built for one base URL and token."""
 
@@ -118,20 +160,28 @@ class Calls:
     # -- runs -------------------------------------------------------------------------------
 
     @staticmethod
-    def submit(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
-               max_attempts: int | None, budget: Mapping[str, Any] | None,
-               idempotency_key: str | None, tenant_id: str | None,
-               labels: Mapping[str, str] | None = None, run_at: datetime | str | None = None,
-               delay_s: float | None = None, parent_run_id: UUID | str | None = None,
-               webhook_url: str | None = None, **retry: Any) -> Call[RunView]:
-        """`retry`: backoff_base_s, backoff_cap_s, non_retryable_codes (None: left out)."""
+    def submit(input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
+               priority: int | None = None, max_attempts: int | None = None,
+               budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
+               tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
+               run_at: datetime | str | None = None, delay_s: float | None = None,
+               parent_run_id: UUID | str | None = None,
+               webhook_url: str | None = None,
+               backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
+               non_retryable_codes: Sequence[str] | None = None) -> Call[RunView]:
+        """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
+        later; `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
+        a signed notice when it ends; backoff_* and non_retryable_codes its retry
+        policy (left out: 5 s doubling up to 300 s, every error retried)."""
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id), ("labels", labels),
                            ("run_at", run_at), ("delay_s", delay_s),
                            ("parent_run_id", None if parent_run_id is None
                             else str(parent_run_id)), ("webhook_url", webhook_url),
-                           *retry.items()):
+                           ("backoff_base_s", backoff_base_s), ("backoff_cap_s", backoff_cap_s),
+                           ("non_retryable_codes", None if non_retryable_codes is None
+                            else [*non_retryable_codes])):
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -150,12 +200,15 @@ class Calls:
         return Call("GET", f"/v1/runs/{run_id}", _run)
 
     @staticmethod
-    def list(status: str | Sequence[str] | None, pool: str | None, limit: int,
-             cursor: str | None, *, label: Sequence[str] | Mapping[str, str] | None = None,
+    def list(*, status: str | Sequence[str] | None = None, pool: str | None = None,
+             limit: int = 50, cursor: str | None = None,
+             label: Sequence[str] | Mapping[str, str] | None = None,
              created_after: datetime | None = None, created_before: datetime | None = None,
              finished_after: datetime | None = None, finished_before: datetime | None = None,
              idempotency_key: str | None = None, tenant: str | None = None,
              parent_run_id: UUID | str | None = None) -> Call[RunPage]:
+        """A page of runs, newest first, filtered (every filter given must match:
+        any of `status`, all of `label` as "key:value" or a dict)."""
         params = _page_params(limit, cursor, pool=pool, idempotency_key=idempotency_key,
                               tenant=tenant, parent_run_id=None if parent_run_id is None
                               else str(parent_run_id))
@@ -176,7 +229,9 @@ class Calls:
         return Call("POST", f"/v1/runs/{run_id}/cancel", _run)
 
     @staticmethod
-    def steps(run_id: UUID | str, limit: int, cursor: str | None) -> Call[StepPage]:
+    def steps(run_id: UUID | str, *, limit: int = 20,
+              cursor: str | None = None) -> Call[StepPage]:
+        """A page of the run's committed steps, in step-key order."""
         return Call("GET", f"/v1/runs/{run_id}/steps", _steps,
                     params=_page_params(limit, cursor))
 
@@ -193,6 +248,7 @@ class Calls:
 
     @staticmethod
     def webhook(run_id: UUID | str) -> Call[dict[str, Any]]:
+        """The run's webhook delivery: {url, state, tries, attempts, ...}."""
         return Call("GET", f"/v1/runs/{run_id}/webhook", check)
 
     @staticmethod
@@ -202,8 +258,11 @@ class Calls:
                     params={"tenant_id": tenant_id} if tenant_id else None)
 
     @staticmethod
-    def usage(start: date | str | None, end: date | str | None, group_by: str,
-              tenant_id: str | None, pool: str | None) -> Call[dict[str, Any]]:
+    def usage(*, start: date | str | None = None, end: date | str | None = None,
+              group_by: str = "day", tenant_id: str | None = None,
+              pool: str | None = None) -> Call[dict[str, Any]]:
+        """Usage (tokens, cost) from `start` to `end` (UTC days, inclusive),
+        grouped by "tenant", "pool" or "day": GET /v1/usage's JSON."""
         params: dict[str, Any] = {"group_by": group_by}
         for key, value in (("from", start), ("to", end), ("tenant_id", tenant_id),
                            ("pool", pool)):
@@ -214,13 +273,17 @@ class Calls:
     # -- admin ------------------------------------------------------------------------------
 
     @staticmethod
-    def webhook_hosts(hosts: builtins.list[dict[str, Any]] | None) -> Call[dict[str, Any]]:
+    def webhook_hosts(hosts: builtins.list[dict[str, Any]] | None = None
+                      ) -> Call[dict[str, Any]]:
+        """The webhook allowlist (admin): {hosts: [{host, allow_private}]}; with
+        `hosts`, make it exactly those first."""
         if hosts is None:
             return Call("GET", "/v1/webhook-hosts", check)
         return Call("PUT", "/v1/webhook-hosts", check, json={"hosts": hosts})
 
     @staticmethod
-    def dead_letters(pool: str | None, limit: int, cursor: str | None) -> Call[RunPage]:
+    def dead_letters(*, pool: str | None = None, limit: int = 50,
+                     cursor: str | None = None) -> Call[RunPage]:
         return Call("GET", "/v1/dead-letters", _runs,
                     params=_page_params(limit, cursor, pool=pool))
 

@@ -8,6 +8,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import httpx
+
+from runlease.client.calls import Call, check, sends, sends_async
+
 
 @dataclass(frozen=True, slots=True)
 class ScheduleView:
@@ -63,61 +67,64 @@ def page_params(limit: int, cursor: str | None) -> dict[str, Any]:
     return {"limit": limit, **({"cursor": cursor} if cursor else {})}
 
 
-class SyncSchedules:
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        raise NotImplementedError
+def _schedule(response: httpx.Response) -> ScheduleView:
+    return ScheduleView.from_json(check(response))
 
-    def create_schedule(self, name: str, cron: str, template: Mapping[str, Any], *,
+
+def _page(response: httpx.Response) -> SchedulePage:
+    return page(check(response))
+
+
+def _nothing(response: httpx.Response) -> None:
+    check(response)
+
+
+class ScheduleCalls:
+    """The calls, declared once; SyncSchedules and AsyncSchedules send them."""
+
+    @staticmethod
+    def create_schedule(name: str, cron: str, template: Mapping[str, Any], *,
                         timezone: str = "UTC", overlap: str = "skip", paused: bool = False,
-                        tenant_id: str | None = None) -> ScheduleView:
+                        tenant_id: str | None = None) -> Call[ScheduleView]:
         """A schedule enqueuing `template` (a submit's fields: input, pool,
         priority, ...) at each tick of `cron` read in `timezone`."""
-        return ScheduleView.from_json(self._call("POST", "/v1/schedules", json=schedule_body(
-            name, cron, template, timezone, overlap, paused, tenant_id)))
+        return Call("POST", "/v1/schedules", _schedule, json=schedule_body(
+            name, cron, template, timezone, overlap, paused, tenant_id))
 
-    def schedules(self, *, limit: int = 50, cursor: str | None = None) -> SchedulePage:
-        return page(self._call("GET", "/v1/schedules", params=page_params(limit, cursor)))
+    @staticmethod
+    def schedules(*, limit: int = 50, cursor: str | None = None) -> Call[SchedulePage]:
+        return Call("GET", "/v1/schedules", _page, params=page_params(limit, cursor))
 
-    def schedule(self, schedule_id: UUID | str) -> ScheduleView:
-        return ScheduleView.from_json(self._call("GET", f"/v1/schedules/{schedule_id}"))
+    @staticmethod
+    def schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
+        return Call("GET", f"/v1/schedules/{schedule_id}", _schedule)
 
-    def pause_schedule(self, schedule_id: UUID | str) -> ScheduleView:
-        return ScheduleView.from_json(self._call("POST", f"/v1/schedules/{schedule_id}/pause"))
+    @staticmethod
+    def pause_schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
+        return Call("POST", f"/v1/schedules/{schedule_id}/pause", _schedule)
 
-    def resume_schedule(self, schedule_id: UUID | str) -> ScheduleView:
-        return ScheduleView.from_json(self._call("POST",
-                                                 f"/v1/schedules/{schedule_id}/resume"))
+    @staticmethod
+    def resume_schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
+        return Call("POST", f"/v1/schedules/{schedule_id}/resume", _schedule)
 
-    def delete_schedule(self, schedule_id: UUID | str) -> None:
-        self._call("DELETE", f"/v1/schedules/{schedule_id}")
+    @staticmethod
+    def delete_schedule(schedule_id: UUID | str) -> Call[None]:
+        return Call("DELETE", f"/v1/schedules/{schedule_id}", _nothing)
+
+
+class SyncSchedules:
+    create_schedule = sends(ScheduleCalls.create_schedule)
+    schedules = sends(ScheduleCalls.schedules)
+    schedule = sends(ScheduleCalls.schedule)
+    pause_schedule = sends(ScheduleCalls.pause_schedule)
+    resume_schedule = sends(ScheduleCalls.resume_schedule)
+    delete_schedule = sends(ScheduleCalls.delete_schedule)
 
 
 class AsyncSchedules:
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    async def create_schedule(self, name: str, cron: str, template: Mapping[str, Any], *,
-                              timezone: str = "UTC", overlap: str = "skip",
-                              paused: bool = False,
-                              tenant_id: str | None = None) -> ScheduleView:
-        return ScheduleView.from_json(await self._call(
-            "POST", "/v1/schedules", json=schedule_body(name, cron, template, timezone,
-                                                        overlap, paused, tenant_id)))
-
-    async def schedules(self, *, limit: int = 50, cursor: str | None = None) -> SchedulePage:
-        return page(await self._call("GET", "/v1/schedules",
-                                     params=page_params(limit, cursor)))
-
-    async def schedule(self, schedule_id: UUID | str) -> ScheduleView:
-        return ScheduleView.from_json(await self._call("GET", f"/v1/schedules/{schedule_id}"))
-
-    async def pause_schedule(self, schedule_id: UUID | str) -> ScheduleView:
-        return ScheduleView.from_json(await self._call(
-            "POST", f"/v1/schedules/{schedule_id}/pause"))
-
-    async def resume_schedule(self, schedule_id: UUID | str) -> ScheduleView:
-        return ScheduleView.from_json(await self._call(
-            "POST", f"/v1/schedules/{schedule_id}/resume"))
-
-    async def delete_schedule(self, schedule_id: UUID | str) -> None:
-        await self._call("DELETE", f"/v1/schedules/{schedule_id}")
+    create_schedule = sends_async(ScheduleCalls.create_schedule)
+    schedules = sends_async(ScheduleCalls.schedules)
+    schedule = sends_async(ScheduleCalls.schedule)
+    pause_schedule = sends_async(ScheduleCalls.pause_schedule)
+    resume_schedule = sends_async(ScheduleCalls.resume_schedule)
+    delete_schedule = sends_async(ScheduleCalls.delete_schedule)

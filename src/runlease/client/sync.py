@@ -4,19 +4,27 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from datetime import date, datetime
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
 
 from runlease.client.actions import SyncActions
-from runlease.client.calls import MAX_BATCH, Call, Calls, T, Waiting, check, chunks
+from runlease.client.calls import (
+    MAX_BATCH,
+    Call,
+    Calls,
+    T,
+    Waiting,
+    check,
+    chunks,
+    sends,
+)
 from runlease.client.errors import ApiError
 from runlease.client.schedules import SyncSchedules
 from runlease.client.sse import Resume, RunEnded, StreamEvent
-from runlease.client.views import RunPage, RunView, StepPage
+from runlease.client.views import RunView
 
 
 class Client(SyncActions, SyncSchedules):
@@ -43,24 +51,7 @@ class Client(SyncActions, SyncSchedules):
         """A request by method and path; its JSON answer (the mixins' calls)."""
         return check(self._http.request(method, path, **kwargs))
 
-    def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
-               priority: int | None = None, max_attempts: int | None = None,
-               budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
-               tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
-               run_at: datetime | str | None = None, delay_s: float | None = None,
-               parent_run_id: UUID | str | None = None,
-               webhook_url: str | None = None,
-               backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
-               non_retryable_codes: Sequence[str] | None = None) -> RunView:
-        """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
-        later; `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
-        a signed notice when it ends; backoff_* and non_retryable_codes its retry
-        policy (left out: 5 s doubling up to 300 s, every error retried)."""
-        return self._send(self._calls.submit(
-            input, pool, priority, max_attempts, budget, idempotency_key, tenant_id, labels,
-            run_at, delay_s, parent_run_id, webhook_url, backoff_base_s=backoff_base_s,
-            backoff_cap_s=backoff_cap_s,
-            non_retryable_codes=None if non_retryable_codes is None else [*non_retryable_codes]))
+    submit = sends(Calls.submit)
 
     def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
                     on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
@@ -77,31 +68,10 @@ class Client(SyncActions, SyncSchedules):
                 on_chunk(len(part))
         return made
 
-    def get(self, run_id: UUID | str) -> RunView:
-        return self._send(self._calls.get(run_id))
-
-    def list(self, *, status: str | Sequence[str] | None = None, pool: str | None = None,
-             limit: int = 50, cursor: str | None = None,
-             label: Sequence[str] | Mapping[str, str] | None = None,
-             created_after: datetime | None = None, created_before: datetime | None = None,
-             finished_after: datetime | None = None, finished_before: datetime | None = None,
-             idempotency_key: str | None = None, tenant: str | None = None,
-             parent_run_id: UUID | str | None = None) -> RunPage:
-        """A page of runs, newest first, filtered (every filter given must match:
-        any of `status`, all of `label` as "key:value" or a dict)."""
-        return self._send(self._calls.list(
-            status, pool, limit, cursor, label=label, created_after=created_after,
-            created_before=created_before, finished_after=finished_after,
-            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant,
-            parent_run_id=parent_run_id))
-
-    def cancel(self, run_id: UUID | str) -> RunView:
-        return self._send(self._calls.cancel(run_id))
-
-    def steps(self, run_id: UUID | str, *, limit: int = 20,
-              cursor: str | None = None) -> StepPage:
-        """A page of the run's committed steps, in step-key order."""
-        return self._send(self._calls.steps(run_id, limit, cursor))
+    get = sends(Calls.get)
+    list = sends(Calls.list)
+    cancel = sends(Calls.cancel)
+    steps = sends(Calls.steps)
 
     def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         """Poll until the run is finished (done, dead or cancelled)."""
@@ -134,46 +104,25 @@ class Client(SyncActions, SyncSchedules):
                 error = exc
             time.sleep(resume.dropped(error))
 
-    def stream_token(self, run_id: UUID | str) -> dict[str, Any]:
-        return self._send(self._calls.stream_token(run_id))
+    stream_token = sends(Calls.stream_token)
 
     # -- admin ----------------------------------------------------------------------------
 
-    def dead_letters(self, *, pool: str | None = None, limit: int = 50,
-                     cursor: str | None = None) -> RunPage:
-        return self._send(self._calls.dead_letters(pool, limit, cursor))
-
-    def redrive(self, run_id: UUID | str) -> RunView:
-        return self._send(self._calls.redrive(run_id))
-
-    def pools(self) -> builtins.list[dict[str, Any]]:
-        return self._send(self._calls.pools())
-
-    def pool(self, name: str) -> dict[str, Any]:
-        return self._send(self._calls.pool(name))
+    dead_letters = sends(Calls.dead_letters)
+    redrive = sends(Calls.redrive)
+    pools = sends(Calls.pools)
+    pool = sends(Calls.pool)
 
     def upsert_pool(self, name: str, **settings: Any) -> dict[str, Any]:
         """PUT the pool: settings left out take their defaults (see pool())."""
         return self._send(self._calls.upsert_pool(name, settings))
 
-    def webhook(self, run_id: UUID | str) -> dict[str, Any]:
-        """The run's webhook delivery: {url, state, tries, attempts, ...}."""
-        return self._send(self._calls.webhook(run_id))
-
-    def webhook_hosts(self, hosts: builtins.list[dict[str, Any]] | None = None
-                      ) -> dict[str, Any]:
-        """The webhook allowlist (admin): {hosts: [{host, allow_private}]}; with
-        `hosts`, make it exactly those first."""
-        return self._send(self._calls.webhook_hosts(hosts))
+    webhook = sends(Calls.webhook)
+    webhook_hosts = sends(Calls.webhook_hosts)
 
     def webhook_secret(self, *, rotate: bool = False,
                        tenant_id: str | None = None) -> str:
         """The key that signs the tenant's deliveries (a new one with rotate)."""
         return str((self._send(self._calls.webhook_secret(rotate, tenant_id)))["secret"])
 
-    def usage(self, *, start: date | str | None = None, end: date | str | None = None,
-              group_by: str = "day", tenant_id: str | None = None,
-              pool: str | None = None) -> dict[str, Any]:
-        """Usage (tokens, cost) from `start` to `end` (UTC days, inclusive),
-        grouped by "tenant", "pool" or "day": GET /v1/usage's JSON."""
-        return self._send(self._calls.usage(start, end, group_by, tenant_id, pool))
+    usage = sends(Calls.usage)

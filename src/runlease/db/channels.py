@@ -13,6 +13,7 @@ POOL_CHANNEL_PREFIX = "runlease_pool_"
 CANCEL_CHANNEL = "runlease_cancel"
 # Every recorded event, and every transition that writes a lifecycle event or
 # ends a run, notifies "<run id>:<last seq>" (the API's event fan-out).
+# The SQL function runlease_notify_events (migration 0007) names it too.
 EVENTS_CHANNEL = "runlease_events"
 
 

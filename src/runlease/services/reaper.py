@@ -21,6 +21,7 @@ leadership changes hands costs nothing but work.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from runlease import metrics
@@ -76,21 +77,31 @@ class Reaper(PeriodicService):
             self._sweep_after, rows=self.sweep_rows)
         return expired
 
+    async def _in_batches(self, batch: Callable[[], Awaitable[int]]) -> int:
+        """`batch()` (one bounded batch: how many rows it did) until a batch is
+        short of self.batch or max_batches ran; how many rows in all."""
+        total = 0
+        for _ in range(self.max_batches):
+            n = await batch()
+            total += n
+            if n < self.batch:
+                break
+        return total
+
     async def reap(self) -> int:
         self._passes += 1
         also = await self.sweep() if (self._passes - 1) % self.sweep_every == 0 else []
-        total = 0
-        for _ in range(self.max_batches):
+
+        async def batch() -> int:
+            nonlocal also
             result = await self.store.reap(batch=self.batch, also=also)
             also = []
             for run_id, pool, tenant, status in result.reaped:
                 metrics.REAPED.labels(pool, status).inc()
                 log.warning("run_reaped run_id=%s pool=%s tenant=%s to=%s", run_id, pool,
                             tenant, status)
-            total += result.total
-            if result.total < self.batch:
-                break
-        return total
+            return result.total
+        return await self._in_batches(batch)
 
     async def forget_workers(self) -> int:
         """Delete registry rows of workers gone for a while (the console stops
@@ -102,16 +113,14 @@ class Reaper(PeriodicService):
 
     async def retain(self) -> int:
         """Delete finished runs past their pool's retention, in bounded batches."""
-        total = 0
         by_pool: dict[str, int] = {}
-        for _ in range(self.max_batches):
+
+        async def batch() -> int:
             deleted = await self.store.delete_expired(batch=self.batch)
-            n = sum(deleted.values())
             for pool, count in deleted.items():
                 by_pool[pool] = by_pool.get(pool, 0) + count
-            total += n
-            if n < self.batch:
-                break
+            return sum(deleted.values())
+        total = await self._in_batches(batch)
         if total:
             metrics.RETENTION_DELETED.inc(total)
             for pool, count in sorted(by_pool.items()):
@@ -120,22 +129,11 @@ class Reaper(PeriodicService):
 
     async def roll_up_usage(self) -> int:
         """Fold logged usage into the per-tenant, per-pool, per-day rollup."""
-        total = 0
-        for _ in range(self.max_batches):
-            n = await self.store.usage_rollup(batch=self.batch)
-            total += n
-            if n < self.batch:
-                break
-        return total
+        return await self._in_batches(lambda: self.store.usage_rollup(batch=self.batch))
 
     async def wake_parents(self) -> int:
         """Parents waiting for children that have all finished become due."""
-        total = 0
-        for _ in range(self.max_batches):
-            n = await self.store.wake_parents(batch=self.batch)
-            total += n
-            if n < self.batch:
-                break
+        total = await self._in_batches(lambda: self.store.wake_parents(batch=self.batch))
         if total:
             log.info("parents_woken runs=%d", total)
         return total

@@ -94,9 +94,8 @@ WITH clock AS (
            '{}'::jsonb, clock.ts
       FROM upd, clock
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n
-      FROM upd
-     WHERE upd.status = 'pending'
+    SELECT runlease_notify_pending(%(channel_prefix)s,
+                                   array(SELECT upd.pool FROM upd WHERE upd.status = 'pending')) AS n
 )
 SELECT upd.id, upd.status, upd.awaiting_children FROM upd CROSS JOIN notify;
 
@@ -126,8 +125,7 @@ WITH clock AS (
     SELECT upd.id, upd.event_seq, 'run.children_finished', '{}'::jsonb, clock.ts
       FROM upd, clock
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
-      FROM (SELECT DISTINCT upd.pool FROM upd) p
+    SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 )
 SELECT upd.id FROM upd CROSS JOIN notify;
 

@@ -76,8 +76,7 @@ WITH clock AS (
            jsonb_build_object('bulk_op', %(op)s::text, 'by', %(by)s::text), clock.ts
       FROM upd, clock
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
-      FROM (SELECT DISTINCT upd.pool FROM upd) p
+    SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
 

@@ -192,9 +192,7 @@ WITH upd AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
@@ -261,9 +259,7 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
@@ -294,9 +290,7 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
@@ -329,12 +323,10 @@ WITH clock AS (
            jsonb_build_object('attempts', upd.attempts), clock.ts
       FROM upd, clock
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
-      FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+    SELECT runlease_notify_pending(%(channel_prefix)s,
+                                   array(SELECT upd.pool FROM upd WHERE upd.status = 'pending')) AS n
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
@@ -365,9 +357,7 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
@@ -396,9 +386,7 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
@@ -477,12 +465,9 @@ WITH RECURSIVE clock AS (
            jsonb_build_object('attempt', upd.attempts, 'status', upd.status), clock.ts
       FROM upd, clock
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
-      FROM (SELECT DISTINCT upd.pool FROM upd) p
+    SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 SELECT upd.id, upd.pool, upd.tenant_id, upd.status
   FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -520,11 +505,9 @@ WITH clock AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
     SELECT upd.id, upd.event_seq, 'run.redriven', '{}'::jsonb, clock.ts FROM upd, clock
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
+    SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
-    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
-      FROM upd
+    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
 )
 SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 

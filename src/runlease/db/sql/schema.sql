@@ -884,3 +884,29 @@ BEGIN
     RETURN v_sent;
 END;
 $$;
+
+
+-- A transition tells the event streams following its runs (channels.
+-- EVENTS_CHANNEL) of each run's new event, 'id:seq', instead of their
+-- polling. Called once per statement with parallel arrays (one array_agg
+-- query keeps them in step); returns how many notifications it sent.
+CREATE FUNCTION runlease_notify_events(p_runs uuid[], p_seqs bigint[]) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (SELECT count(pg_notify('runlease_events', e.id::text || ':' || e.seq))
+              FROM unnest(p_runs, p_seqs) AS e (id, seq));
+END;
+$$;
+
+
+-- Runs back to pending wake their pools' claimers now, not at their next
+-- poll: one NOTIFY per pool (repeats are dropped). Called once per
+-- statement with the pools of the runs it made pending; returns how many
+-- notifications it sent.
+CREATE FUNCTION runlease_notify_pending(p_channel_prefix text, p_pools text[])
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN (SELECT count(pg_notify(p_channel_prefix || p.name, p.name))
+              FROM (SELECT DISTINCT x.name FROM unnest(p_pools) AS x (name)) p);
+END;
+$$;
