@@ -37,3 +37,11 @@ def test_fields_render_as_the_model_does(run: Run, admin: bool) -> None:
 
 def test_fields_are_the_models_in_its_order() -> None:
     assert list(run_out_fields(RUNS[0], admin=True)) == list(RunOut.model_fields)
+
+
+@pytest.mark.parametrize("limit", [3, 4])
+def test_a_page_renders_as_the_model_does(limit: int) -> None:
+    from runlease.api.schemas import RunPage, run_page_json
+    want = RunPage(items=[RunOut.of(r, admin=False) for r in RUNS],
+                   next_cursor=str(RUNS[-1].id) if len(RUNS) == limit else None)
+    assert run_page_json(RUNS, limit, admin=False) == want.model_dump_json().encode()
