@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated
 
 from fastapi import APIRouter, Response
@@ -90,9 +91,9 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -
             None if item.budget is None else item.budget.model_dump(exclude_none=True),
             item.idempotency_key, item.labels, item.run_at, item.delay_s, item.pool))
     results = await store.enqueue_many(body.runs[0].pool, runs, notify=False)
-    for r in results:
-        if r.inserted:
-            metrics.RUNS_SUBMITTED.labels(r.run.pool).inc()
+    # One increment per pool, not per run (1.7 ms of a batch of 1,000).
+    for pool, n in Counter(r.run.pool for r in results if r.inserted).items():
+        metrics.RUNS_SUBMITTED.labels(pool).inc(n)
     waker.wake({r.run.pool for r in results
                 if r.inserted and r.run.available_at <= r.run.created_at})
     # Rendered by pydantic-core from plain dicts, once: models for a thousand
