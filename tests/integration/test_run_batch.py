@@ -12,6 +12,7 @@ import httpx
 import psycopg
 import pytest
 
+from runlease import metrics
 from runlease.client import AsyncClient, Client
 from runlease.clock import ManualClock
 from runlease.db.models import Pool, TenantLimit
@@ -50,7 +51,10 @@ async def test_idempotency_keys_return_existing_runs(api: Api, db_url: str) -> N
         single = (await acme.post("/v1/runs", json={"input": {"i": 0}},
                                   headers={"Idempotency-Key": "k0"})).json()
         runs = [{"input": {"i": i}, "idempotency_key": f"k{i}"} for i in range(3)]
+        submitted = metrics.RUNS_SUBMITTED.labels("default")._value.get()
         first = await batch(acme, runs)
+        # The metric counts the runs made, not the items answered.
+        assert metrics.RUNS_SUBMITTED.labels("default")._value.get() == submitted + 2
         assert first.status_code == 201
         assert first.json()["created"] == [False, True, True]
         assert first.json()["runs"][0]["id"] == single["id"]

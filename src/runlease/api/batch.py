@@ -7,13 +7,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
+from pydantic_core import to_json
 
 from runlease import metrics
 from runlease.api.deps import JsonBody, Store, Waker, Who
 from runlease.api.errors import ErrorAnswer
 from runlease.api.rates import submit_slots
 from runlease.api.routes import retry_policy, tenant_for
-from runlease.api.schemas import ErrorBody, RunCreate, RunOut
+from runlease.api.schemas import ErrorBody, RunCreate, RunOut, run_out_fields
 from runlease.core import bounds
 from runlease.db.models import EnqueueResult
 from runlease.db.runs import NewRun
@@ -95,15 +96,16 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -
             item.idempotency_key, item.labels, item.run_at, item.delay_s, item.pool,
             retry=retry_policy(item)))
     results = await _enqueue(store, body, runs, admin=who.admin)
-    for r in results:
-        if r.inserted:
-            metrics.RUNS_SUBMITTED.labels(r.run.pool).inc()
+    # One increment per pool, not per run (1.7 ms of a batch of 1,000).
+    for pool, n in Counter(r.run.pool for r in results if r.inserted).items():
+        metrics.RUNS_SUBMITTED.labels(pool).inc(n)
     waker.wake({r.run.pool for r in results
                 if r.inserted and r.run.available_at <= r.run.created_at})
-    out = RunBatchOut.model_construct(runs=[RunOut.of(r.run, admin=who.admin) for r in results],
-                                      created=[r.inserted for r in results])
-    # Serialized here, once: returned as a model, it would be validated again.
-    return Response(out.model_dump_json(), media_type="application/json",
+    # Rendered by pydantic-core from plain dicts, once: models for a thousand
+    # runs cost more than the statement (see docs/benchmarks.md).
+    body_json = to_json({"runs": [run_out_fields(r.run, admin=who.admin) for r in results],
+                         "created": [r.inserted for r in results]})
+    return Response(body_json, media_type="application/json",
                     status_code=201 if any(r.inserted for r in results) else 200)
 
 

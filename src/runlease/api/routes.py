@@ -30,6 +30,8 @@ from runlease.api.schemas import (
     StepOut,
     StepPage,
     StreamToken,
+    run_json,
+    run_page_json,
 )
 from runlease.api.search import (
     KeyQ,
@@ -55,9 +57,8 @@ PoolPath = Annotated[str, Path(min_length=1, max_length=bounds.POOL_MAX_CHARS,
 Limit = Annotated[int, Query(ge=1, le=500)]
 
 
-def page(runs: list[Run], limit: int, *, admin: bool) -> RunPage:
-    return RunPage(items=[RunOut.of(r, admin=admin) for r in runs],
-                   next_cursor=str(runs[-1].id) if len(runs) == limit else None)
+def page(runs: list[Run], limit: int, *, admin: bool) -> Response:
+    return Response(run_page_json(runs, limit, admin=admin), media_type="application/json")
 
 
 def tenant_for(tenant_id: str | None, who: Principal) -> str:
@@ -129,7 +130,7 @@ async def submit(
         if result.run.status == "pending" and result.run.available_at <= result.run.created_at:
             waker.wake((body.pool,))
     # Serialized here, once: returned as a model, it would be validated again.
-    return Response(RunOut.of(result.run, admin=who.admin).model_dump_json(),
+    return Response(run_json(result.run, admin=who.admin),
                     status_code=201 if result.inserted else 200, media_type="application/json",
                     headers={"Location": f"/v1/runs/{result.run.id}"})
 
@@ -143,7 +144,7 @@ async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ 
                     created_before: TimeQ = None, finished_after: TimeQ = None,
                     finished_before: TimeQ = None, idempotency_key: KeyQ = None,
                     tenant: TenantQ = None, limit: Limit = 50,
-                    cursor: UUID | None = None, parent_run_id: UUID | None = None) -> RunPage:
+                    cursor: UUID | None = None, parent_run_id: UUID | None = None) -> Response:
     """Runs, newest first, filtered (every filter given must match); pass
     `next_cursor` back as `cursor` for the next page (stable while runs are
     added: new runs never shift a page). `parent_run_id`: that run's children."""
@@ -286,7 +287,7 @@ def format_end(run: Run) -> str:
 
 @router.get("/dead-letters", response_model=RunPage)
 async def dead_letters(who: Admin, store: Store, pool: PoolName = None, limit: Limit = 50,
-                       cursor: UUID | None = None) -> RunPage:
+                       cursor: UUID | None = None) -> Response:
     """Runs that ended dead, newest first (admin)."""
     runs = await store.list_runs(pool=pool, status=RunStatus.DEAD, limit=limit, before=cursor)
     return page(runs, limit, admin=True)

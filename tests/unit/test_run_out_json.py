@@ -1,0 +1,47 @@
+"""The batch answer's fast rendering (plain dicts through pydantic-core) is
+the same text RunOut renders, for tenants and admins, leased or finished."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from uuid import UUID
+
+import pytest
+from pydantic_core import to_json
+
+from runlease.api.schemas import RunOut, run_out_fields
+from runlease.core.states import RunStatus
+from runlease.db.models import Run
+
+AT = datetime(2026, 12, 1, 9, 30, 1, 123456, tzinfo=UTC)
+BASE = dict(id=UUID("0193e0a0-0000-7000-8000-000000000001"), pool="default",
+            tenant_id="acme", priority=3, attempts=1, max_attempts=5, lease_epoch=2,
+            available_at=AT, input_json={"q": "é\u2028", "n": [1, 2.5, None]},
+            budget_json={"max_turns": 4}, created_at=AT,
+            updated_at=AT.astimezone(timezone(timedelta(hours=2))))
+RUNS = [
+    Run(**BASE, status=RunStatus.PENDING),
+    Run(**BASE, status=RunStatus.LEASED, locked_by="w-1", locked_until=AT, event_seq=7,
+        labels={"team": "search"}, idempotency_key="k-1", cancel_requested_at=AT),
+    Run(**BASE, status=RunStatus.DEAD, result_json=[{"x": 1}], error_code="agent_error",
+        error_message="boom", finished_at=AT),
+]
+
+
+@pytest.mark.parametrize("admin", [False, True])
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: r.status.value)
+def test_fields_render_as_the_model_does(run: Run, admin: bool) -> None:
+    assert to_json(run_out_fields(run, admin=admin)) == \
+        RunOut.of(run, admin=admin).model_dump_json().encode()
+
+
+def test_fields_are_the_models_in_its_order() -> None:
+    assert list(run_out_fields(RUNS[0], admin=True)) == list(RunOut.model_fields)
+
+
+@pytest.mark.parametrize("limit", [3, 4])
+def test_a_page_renders_as_the_model_does(limit: int) -> None:
+    from runlease.api.schemas import RunPage, run_page_json
+    want = RunPage(items=[RunOut.of(r, admin=False) for r in RUNS],
+                   next_cursor=str(RUNS[-1].id) if len(RUNS) == limit else None)
+    assert run_page_json(RUNS, limit, admin=False) == want.model_dump_json().encode()
