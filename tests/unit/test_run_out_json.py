@@ -4,6 +4,7 @@ the same text RunOut renders, for tenants and admins, leased or finished."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from uuid import UUID
 
 import pytest
@@ -25,11 +26,17 @@ RUNS = [
         labels={"team": "search"}, idempotency_key="k-1", cancel_requested_at=AT),
     Run(**BASE, status=RunStatus.DEAD, result_json=[{"x": 1}], error_code="agent_error",
         error_message="boom", finished_at=AT),
+    # A child with its own retry policy and usage, waiting for its children.
+    Run(**BASE, status=RunStatus.PENDING, backoff_base_s=7, backoff_cap_s=90,
+        non_retryable_codes=["invalid_input"], input_tokens=1520, output_tokens=310,
+        cost=Decimal("0.0042"), turns_used=3, tool_calls_used=2,
+        parent_run_id=UUID("0193e0a0-0000-7000-8000-000000000002"), awaiting_children=True),
 ]
 
 
 @pytest.mark.parametrize("admin", [False, True])
-@pytest.mark.parametrize("run", RUNS, ids=lambda r: r.status.value)
+@pytest.mark.parametrize("run", RUNS,
+                         ids=lambda r: f"{r.status.value}-{r.parent_run_id is not None}")
 def test_fields_render_as_the_model_does(run: Run, admin: bool) -> None:
     assert to_json(run_out_fields(run, admin=admin)) == \
         RunOut.of(run, admin=admin).model_dump_json().encode()

@@ -309,6 +309,13 @@ def run_out_fields(run: Run, *, admin: bool) -> dict[str, Any]:
         "available_at": run.available_at, "created_at": run.created_at,
         "updated_at": run.updated_at, "finished_at": run.finished_at,
         "last_event_seq": run.event_seq, "lease": lease, "labels": run.labels,
+        "backoff_base_s": RetryPolicy(run.backoff_base_s).base_s,
+        "backoff_cap_s": RetryPolicy(backoff_cap_s=run.backoff_cap_s).cap_s,
+        "non_retryable_codes": run.non_retryable_codes or [],
+        "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens,
+                  "cost": float(run.cost), "turns": run.turns_used,
+                  "tool_calls": run.tool_calls_used},
+        "parent_run_id": run.parent_run_id, "awaiting_children": run.awaiting_children,
     }
 
 
