@@ -10,6 +10,7 @@ each concern, each beside its statements in `sql/`:
     pools.py      pools and per-tenant settings (pools.sql)
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
+    console.py    the web console's reads       (console.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -19,6 +20,7 @@ the fence matches zero rows.
 
 from __future__ import annotations
 
+from runlease.db.console import ConsoleStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
@@ -40,5 +42,6 @@ __all__ = [
 ]
 
 
-class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore):
+class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore,
+               ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""
