@@ -35,7 +35,8 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 PAGE_SIZE = 50
 STATUSES = tuple(s.value for s in RunStatus)
 STEPS_SHOWN = 20
-STEPS_MAX_BYTES = 1024 * 1024
+STEPS_MAX_BYTES = 256 * 1024  # the steps' fragment is polled while the run runs
+FINISHED = (RunStatus.DONE, RunStatus.DEAD, RunStatus.CANCELLED)
 NOTICES = {
     "cancel": "Cancel requested: a pending run ends now, a running one when its worker stops it.",
     "redrive": "Redriven: the run is pending again, its attempts reset.",
@@ -167,17 +168,28 @@ async def run_context(request: Request, run_id: UUID, who: Who,
     notice = NOTICES.get(request.query_params.get("notice", ""))
     return {"viewer": who, "run": run, "notice": notice,
             "lifecycle": await store.lifecycle(run_id),
-            "finished": run.status in (RunStatus.DONE, RunStatus.DEAD, RunStatus.CANCELLED)}
+            "finished": run.status in FINISHED}
+
+
+async def steps_context(store: RunStore, run_id: UUID) -> dict[str, Any]:
+    steps, more = await store.steps_page(run_id, limit=STEPS_SHOWN, max_bytes=STEPS_MAX_BYTES)
+    return {"steps": steps, "more_steps": more is not None}
 
 
 @router.get("/runs/{run_id}")
 async def run_page(request: Request, run_id: UUID, who: Who, store: Store) -> Response:
     context = await run_context(request, run_id, who, store)
-    steps, more = await store.steps_page(run_id, limit=STEPS_SHOWN, max_bytes=STEPS_MAX_BYTES)
     token, _ = api_state(request).stream_tokens.issue(run_id, who.session.principal)
-    context |= {"steps": steps, "more_steps": more is not None,
-                "stream_url": f"/v1/runs/{run_id}/events?token={token}"}
+    context |= await steps_context(store, run_id)
+    context["stream_url"] = f"/v1/runs/{run_id}/events?token={token}"
     return console_state(request).renderer.page(request, "run.html", context)
+
+
+@router.get("/runs/{run_id}/steps")
+async def run_steps(request: Request, run_id: UUID, who: Who, store: Store) -> Response:
+    run = await scoped_run(store, run_id, who)
+    context = {"run": run, "finished": run.status in FINISHED} | await steps_context(store, run_id)
+    return console_state(request).renderer.page(request, "_run_steps.html", context)
 
 
 @router.get("/runs/{run_id}/summary")

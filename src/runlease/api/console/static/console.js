@@ -107,10 +107,18 @@
     return pre;
   };
 
+  /* The message being streamed is complete: no more cursor. */
+  EventView.prototype.settle = function () {
+    this.list.querySelectorAll(".streaming").forEach(function (li) {
+      li.classList.remove("streaming");
+    });
+  };
+
   EventView.prototype.show = function (ev) {
     var data = ev.data || {};
     var kind = ev.kind;
     var last = this.last;
+    if (last && last.kind !== kind && /\.delta$/.test(last.kind)) { this.settle(); }
     if (/\.delta$/.test(kind)) {
       var text = typeof data.text === "string" ? data.text : "";
       if (!(last && last.kind === kind)) {
@@ -124,7 +132,6 @@
       var body = typeof data.text === "string" ? data.text
         : typeof data.content === "string" ? data.content : JSON.stringify(data, null, 2);
       if (last && last.kind === "message.delta") {
-        last.pre.parentNode.classList.remove("streaming");
         if (typeof data.content === "string" && data.content.length >= last.pre.textContent.length) {
           last.pre.textContent = data.content.slice(0, MAX_TEXT);
         }
@@ -189,6 +196,7 @@
         ended = true;
         var end = {};
         try { end = JSON.parse(msg.data.join("\n")); } catch (e) { /* keep {} */ }
+        view.settle();
         say("ended: " + String(end.status || "finished"));
         list.setAttribute("data-ended", String(end.status || ""));
         document.body.dispatchEvent(new Event("run-ended"));
