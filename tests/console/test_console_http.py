@@ -11,12 +11,12 @@ from uuid import UUID
 import httpx
 import pytest
 
-from runlease.api.auth import ADMIN, Principal
+from runlease.api.auth import ADMIN, Principal, TokenRegistry
 from runlease.api.console.session import COOKIE, Sessions
 from runlease.core.states import RunStatus
 from runlease.db.models import Pool
 from runlease.db.store import RunStore
-from tests.support.api import Api, serve_api
+from tests.support.api import ADMIN_TOKEN, Api, serve_api
 
 SECRET = "console-test-secret-0123456789"
 HOSTILE = "<script>alert('pwned')</script>"
@@ -90,15 +90,22 @@ async def test_cookie_is_secure_over_https(ui: Api) -> None:
 
 async def test_forged_or_expired_cookie_is_sent_to_sign_in(ui: Api) -> None:
     sessions = Sessions(SECRET, 3600)
-    good, _ = sessions.issue(Principal("acme"))
+    acme = sessions.token_id(TokenRegistry.digest_of(ui.token("acme")))
+    good, _ = sessions.issue(Principal("acme"), acme)
     body, _, signature = good.partition(".")
-    expired, _ = sessions.issue(Principal("acme"), now=0)
-    other_key, _ = Sessions("another-secret-0123456789", 3600).issue(ADMIN)
+    expired, _ = sessions.issue(Principal("acme"), acme, now=0)
+    other = Sessions("another-secret-0123456789", 3600)
+    other_key, _ = other.issue(ADMIN, other.token_id(TokenRegistry.digest_of(ADMIN_TOKEN)))
+    # Signed right, but for a token the server no longer has (revoked), or
+    # naming another principal than its token's.
+    revoked, _ = sessions.issue(Principal("acme"), sessions.token_id("0" * 64))
+    mismatched, _ = sessions.issue(ADMIN, acme)
     # A tenant's session turned into an admin's, keeping the signature.
     import base64
     raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)).decode()
     promoted = base64.urlsafe_b64encode(("*" + raw[len("acme"):]).encode()).decode().rstrip("=")
-    for cookie in (f"{promoted}.{signature}", expired, other_key, "garbage", good + "x"):
+    for cookie in (f"{promoted}.{signature}", expired, other_key, "garbage", good + "x",
+                   revoked, mismatched):
         async with httpx.AsyncClient(base_url=ui.url, cookies={COOKIE: cookie}) as client:
             r = await client.get("/ui/runs")
             assert (r.status_code, r.headers.get("location")) == (303, "/ui/login"), cookie

@@ -15,6 +15,7 @@ from uuid import UUID
 
 from fastapi import Depends, Request
 
+from runlease.api.auth import Principal, TokenRegistry
 from runlease.api.console.render import Renderer
 from runlease.api.console.session import COOKIE, Session, Sessions
 from runlease.api.deps import ApiState, api_state
@@ -49,6 +50,16 @@ class BadRequest(Exception):
 class ConsoleState:
     sessions: Sessions
     renderer: Renderer = field(default_factory=Renderer)
+    _tokens: dict[str, Principal] | None = None
+
+    def principal_of(self, registry: TokenRegistry, token_id: str) -> Principal | None:
+        """The principal of the configured token a session came from; None
+        once that token is gone (the registry is fixed for the process's
+        life, so the map is built once)."""
+        if self._tokens is None:
+            self._tokens = {self.sessions.token_id(d): p
+                            for d, p in registry.by_digest().items()}
+        return self._tokens.get(token_id)
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,8 @@ async def store(request: Request) -> RunStore:
 async def viewer(request: Request) -> Viewer:
     sessions = console_state(request).sessions
     session = sessions.read(request.cookies.get(COOKIE))
-    if session is None:
+    if session is None or console_state(request).principal_of(
+            api_state(request).tokens, session.token_id) != session.principal:
         raise SignIn
     return Viewer(session, sessions.csrf(session))
 

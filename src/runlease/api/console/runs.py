@@ -67,12 +67,13 @@ async def login(request: Request) -> Response:
                                    {"error": "This form came from another site."}, 403)
     fields = await form_fields(request)
     token = (fields.get("token") or [""])[0].strip()
-    who = api_state(request).tokens.authenticate(token) if token else None
+    tokens = api_state(request).tokens
+    who = tokens.authenticate(token) if token else None
     if who is None:
         return state.renderer.page(request, "login.html",
                                    {"error": "Unknown token: give a tenant or admin token."},
                                    401)
-    cookie, _ = state.sessions.issue(who)
+    cookie, _ = state.sessions.issue(who, state.sessions.token_id(tokens.digest_of(token)))
     response = see_other("/ui/runs")
     response.set_cookie(COOKIE, cookie, max_age=state.sessions.ttl_s, path=COOKIE_PATH,
                         httponly=True, samesite="strict",

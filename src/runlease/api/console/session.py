@@ -1,10 +1,12 @@
 """Console sessions: a signed, expiring cookie naming who signed in, and
 the CSRF token every state-changing form carries.
 
-The cookie holds `<who>\\n<expiry>\\n<nonce>` (who: a tenant, or `*` for
-admin) and an HMAC-SHA256 of it under the server's console secret: it never
-holds the token itself. The CSRF token is an HMAC of the session's nonce, so
-it changes with every sign-in and needs no server-side storage.
+The cookie holds `<who>\\n<expiry>\\n<nonce>\\n<token id>` (who: a tenant, or
+`*` for admin; token id: an HMAC of the token's SHA-256, so a session ends
+when its token is no longer configured) and an HMAC-SHA256 of it all under
+the server's console secret: it never holds the token itself. The CSRF token
+is an HMAC of the session's nonce, so it changes with every sign-in and
+needs no server-side storage.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Session:
     principal: Principal
     expires: int
     nonce: str
+    token_id: str
 
 
 class Sessions:
@@ -49,11 +52,16 @@ class Sessions:
         return _b64(hmac.new(self._key, f"{purpose}\n{payload}".encode(),
                              hashlib.sha256).digest())
 
-    def issue(self, who: Principal, now: float | None = None) -> tuple[str, Session]:
+    def token_id(self, digest: str) -> str:
+        """Names a configured token (by its SHA-256) without revealing it."""
+        return self._mac("token", digest)[:22]
+
+    def issue(self, who: Principal, token_id: str,
+              now: float | None = None) -> tuple[str, Session]:
         expires = int((now if now is not None else time.time()) + self.ttl_s)
-        session = Session(who, expires, secrets.token_urlsafe(16))
+        session = Session(who, expires, secrets.token_urlsafe(16), token_id)
         name = "*" if who.admin else (who.tenant_id or "")
-        body = _b64(f"{name}\n{expires}\n{session.nonce}".encode())
+        body = _b64(f"{name}\n{expires}\n{session.nonce}\n{token_id}".encode())
         return f"{body}.{self._mac('session', body)}", session
 
     def read(self, cookie: str | None, now: float | None = None) -> Session | None:
@@ -64,13 +72,13 @@ class Sessions:
         if not body or not hmac.compare_digest(signature, self._mac("session", body)):
             return None
         try:
-            name, expires_text, nonce = _unb64(body).decode().split("\n")
+            name, expires_text, nonce, token_id = _unb64(body).decode().split("\n")
             expires = int(expires_text)
         except ValueError:
             return None
         if expires <= (now if now is not None else time.time()) or not name or not nonce:
             return None
-        return Session(ADMIN if name == "*" else Principal(name), expires, nonce)
+        return Session(ADMIN if name == "*" else Principal(name), expires, nonce, token_id)
 
     def csrf(self, session: Session) -> str:
         return self._mac("csrf", session.nonce)
