@@ -13,9 +13,13 @@ own runs, as through the API.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -24,6 +28,8 @@ from runlease.api.console.deps import BadRequest, ConsoleState, Refused, SignIn,
 from runlease.api.console.session import Sessions
 from runlease.settings import ApiSettings
 
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+AnyHandler = Callable[[Request, Any], Response | Awaitable[Response]]
 STATIC = resources.files("runlease.api.console").joinpath("static")
 
 
@@ -49,6 +55,20 @@ async def _bad_request(request: Request, exc: Exception) -> Response:
     return _error(request, 400, exc.message)
 
 
+def _pages_first(api_handler: AnyHandler | None) -> Handler:
+    """A bad path or query value on a console page is a page saying so; on
+    the API, the API's JSON error as before."""
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        if request.url.path.startswith("/ui/") or api_handler is None:
+            return _error(request, 400, "This address is not one the console knows "
+                                        "(a run id is a UUID).")
+        answer = api_handler(request, exc)
+        return await answer if inspect.isawaitable(answer) else answer
+
+    return handler
+
+
 def install(app: FastAPI, settings: ApiSettings) -> None:
     """Mount the console on the app: /ui/ pages and /ui/static/ files."""
     app.state.console = ConsoleState(Sessions(settings.console_secret,
@@ -59,6 +79,8 @@ def install(app: FastAPI, settings: ApiSettings) -> None:
     app.add_exception_handler(SignIn, _sign_in)
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(BadRequest, _bad_request)
+    app.add_exception_handler(RequestValidationError, _pages_first(
+        app.exception_handlers.get(RequestValidationError)))
 
     @app.get("/ui", include_in_schema=False)
     async def ui_root() -> Response:
