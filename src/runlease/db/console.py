@@ -4,6 +4,7 @@ run's lifecycle events."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from uuid import UUID
 
 from runlease.core import bounds
@@ -11,8 +12,18 @@ from runlease.db.executor import Conn, Executor
 from runlease.db.models import Event, Run
 from runlease.errors import ValidationError
 
-STATUS_COUNT_CAP = 1000
+STATUS_COUNT_WINDOW = 10_000
 MAX_LIFECYCLE = 200
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCounts:
+    """Runs per status among the newest `window` runs; window_full: there
+    may be older runs, not counted."""
+
+    by_status: dict[str, int]
+    window: int
+    window_full: bool
 
 
 class ConsoleStore(Executor):
@@ -20,14 +31,17 @@ class ConsoleStore(Executor):
 
     async def status_counts(
         self, *, tenant_id: str | None = None, pool: str | None = None,
-        cap: int = STATUS_COUNT_CAP, conn: Conn | None = None,
-    ) -> dict[str, int]:
-        """Runs per status, each counted up to cap + 1 (more than cap: "cap+")."""
-        if not 1 <= cap <= 100_000:
-            raise ValidationError("cap", "must be between 1 and 100000")
-        rows = await self._rows("console_status_counts",
-                                {"tenant": tenant_id, "pool": pool, "cap": cap}, conn)
-        return {r["status"]: int(r["n"]) for r in rows}
+        window: int = STATUS_COUNT_WINDOW, conn: Conn | None = None,
+    ) -> StatusCounts:
+        """Runs per status among the newest `window` runs of the tenant (or of
+        all), then of the pool: bounded work, polled by the console."""
+        if not 1 <= window <= 100_000:
+            raise ValidationError("window", "must be between 1 and 100000")
+        rows = await self._rows(
+            "console_status_counts" if tenant_id is None else "console_status_counts_tenant",
+            {"tenant": tenant_id, "pool": pool, "window": window}, conn)
+        return StatusCounts({r["status"]: int(r["n"]) for r in rows}, window,
+                            window_full=bool(rows) and int(rows[0]["seen"]) >= window)
 
     async def runs_by_key(
         self, key: str, *, tenant_id: str | None = None, limit: int = 50,

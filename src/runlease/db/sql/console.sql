@@ -2,17 +2,28 @@
 
 
 -- name: console_status_counts
--- Runs per status, each count stopping at %(cap)s + 1 so a poll of the runs
--- page costs a bounded read however large the table grows (the page shows
--- "1000+"). pending, leased and dead read their partial indexes.
-SELECT s.status,
-       (SELECT count(*) FROM (
-            SELECT 1 FROM agent_runs r
-             WHERE r.status = s.status
-               AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
-               AND (%(pool)s::text IS NULL OR r.pool = %(pool)s::text)
-             LIMIT %(cap)s + 1) c) AS n
-  FROM unnest(ARRAY['pending', 'leased', 'done', 'dead', 'cancelled']) AS s (status);
+-- Runs per status among the newest %(window)s runs (admin: every tenant's,
+-- newest first by the primary key), then narrowed to a pool: a bounded read
+-- however large the table grows, polled by the runs page.
+SELECT w.status, count(*) AS n, sum(count(*)) OVER () AS seen
+  FROM (SELECT r.status, r.pool FROM agent_runs r
+         ORDER BY r.id DESC
+         LIMIT %(window)s) w
+ WHERE %(pool)s::text IS NULL OR w.pool = %(pool)s::text
+ GROUP BY w.status;
+
+
+-- name: console_status_counts_tenant
+-- The same for one tenant, from its side-table index (newest first).
+SELECT w.status, count(*) AS n, sum(count(*)) OVER () AS seen
+  FROM (SELECT r.status, r.pool
+          FROM agent_run_tenant_index d
+          JOIN agent_runs r ON r.id = d.run_id
+         WHERE d.tenant_id = %(tenant)s
+         ORDER BY d.run_id DESC
+         LIMIT %(window)s) w
+ WHERE %(pool)s::text IS NULL OR w.pool = %(pool)s::text
+ GROUP BY w.status;
 
 
 -- name: console_runs_by_key
