@@ -63,8 +63,8 @@ def browser() -> Iterator[WebDriver]:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1280,900", "--lang=en-US", "--disable-extensions"):
         options.add_argument(arg)
-    # Both paths given: Selenium Manager is never asked to download anything.
-    os.environ["SE_OFFLINE"] = "true"
+    # A driver path given to Service: Selenium skips Selenium Manager (which
+    # would look for, and may download, a browser and driver).
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)),
                               options=options)
     driver.set_page_load_timeout(WAIT_S)
