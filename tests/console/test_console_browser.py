@@ -38,7 +38,9 @@ if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
 from selenium import webdriver  # noqa: E402 - only once chromium is known to be there
 from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -241,14 +243,29 @@ def test_watch_cancel_and_redrive_in_a_real_browser(stack: ApiProcess, browser: 
                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
 
 
-def test_the_console_on_a_phone(stack: ApiProcess, browser: WebDriver) -> None:
-    """Readable on a narrow screen: nothing wider than the viewport but the
-    tables' own scrolling boxes."""
+def test_the_console_on_a_phone_with_the_keyboard(stack: ApiProcess,
+                                                  browser: WebDriver) -> None:
+    """Readable on a narrow screen (nothing wider than the viewport but the
+    tables' own scrolling boxes), and usable with the keyboard alone: sign
+    in, Tab to a run, Enter opens it."""
     browser.set_window_size(390, 844)
-    sign_in(browser, stack, TOKENS["acme"])
-    submit(stack, "acme", {"input": {"steps": [{"emit": {"text": "from a phone"}}]}})
-    wait(browser, "a run in the table", lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-run]"))
+    run_id = submit(stack, "acme", {"input": {"steps": [{"emit": {"text": "from a phone"}}]}})
+    browser.get(f"{stack.url}/ui/login")
+    keys = ActionChains(browser)
+    keys.send_keys(TOKENS["acme"] + Keys.ENTER).perform()  # the token field has the focus
+    wait(browser, "the runs page", lambda d: d.current_url.endswith("/ui/runs"))
+    wait(browser, "the run in the table",
+         lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-run]"))
     overflow = browser.execute_script(
         "return document.documentElement.scrollWidth - document.documentElement.clientWidth;")
     assert overflow <= 0, f"the page is {overflow}px wider than a phone's screen"
     shot(browser, "phone")
+    for _ in range(40):
+        keys.send_keys(Keys.TAB).perform()
+        focused = browser.switch_to.active_element.get_attribute("href") or ""
+        if focused.endswith(f"/ui/runs/{run_id}"):
+            break
+    else:
+        raise AssertionError("Tab never reached the run's link")
+    keys.send_keys(Keys.ENTER).perform()
+    wait(browser, "the run's page", lambda d: d.current_url.endswith(f"/ui/runs/{run_id}"))
