@@ -5,7 +5,7 @@ workers."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
 from urllib.parse import urlencode
 from uuid import UUID
 
@@ -15,6 +15,8 @@ from fastapi.responses import RedirectResponse, Response
 from runlease.api.console.deps import AdminForm, AdminWho, BadRequest, Store, console_state
 from runlease.core import bounds
 from runlease.core.states import RunStatus
+from runlease.db.models import Pool
+from runlease.db.store import RunStore
 from runlease.errors import InvalidTransition, RunNotFound, UnknownPool, ValidationError
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -30,7 +32,7 @@ def see_other(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303)
 
 
-def _checked(check: Any, value: str) -> str:
+def _checked(check: Callable[[str], object], value: str) -> str:
     try:
         return str(check(value)) if value else ""
     except ValidationError as exc:
@@ -105,7 +107,7 @@ async def pools_page(request: Request, who: AdminWho, store: Store) -> Response:
         "viewer": who, "pools": views, "notice": request.query_params.get("notice") == "saved"})
 
 
-async def _pool(store: Store, name: str) -> Any:
+async def _pool(store: RunStore, name: str) -> Pool:
     _checked(bounds.check_pool, name)
     pool = await store.get_pool(name)
     if pool is None:
