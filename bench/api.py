@@ -30,7 +30,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, print_table, server
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.embedded import free_port
 from runlease.db.models import Pool
 from runlease.db.store import RunStore
@@ -90,8 +90,8 @@ async def submit_load(base: str, n: int, concurrency: int) -> dict[str, Any]:
 
 async def fan_out(base: str, url: str, subscribers: int, events: int,
                   rate_per_s: float) -> dict[str, Any]:
-    async with make_pool(url, max_size=2) as pool:
-        store = RunStore(pool)
+    async with make_conn_pool(url, max_size=2) as conn_pool:
+        store = RunStore(conn_pool)
         # A pool of its own: the submit load left many runs in "default".
         await store.upsert_pool(Pool("fanout"))
         queued = await store.enqueue("fanout", "bench", {"busy": True})

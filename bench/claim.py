@@ -32,7 +32,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, print_table, server, timed_processes
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.models import Pool
 from runlease.db.store import NewRun, RunStore
 
@@ -130,9 +130,9 @@ def raw_async_claimer(url: str, worker: str, batch: int, ready: Any, results: An
 def store_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
     async def loop() -> int:
         done = 0
-        async with make_pool(url, min_size=1, max_size=1) as pool:
-            store = RunStore(pool)
-            async with pool.connection() as conn:
+        async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
+            async with conn_pool.connection() as conn:
                 await asyncio.to_thread(ready.wait)
                 while leases := await store.claim("bench", worker, batch, conn=conn):
                     if batch == 1:
@@ -163,8 +163,8 @@ def load_store(url: str, jobs: int, limits: bool = False, pool: str = "bench") -
     """Empty the queue, (re)define `pool` (a tenant default cap if `limits`) and
     enqueue `jobs` no-op runs into it in batches of 1000; returns seconds."""
     async def go() -> float:
-        async with make_pool(url, max_size=1) as conns:
-            store = RunStore(conns)
+        async with make_conn_pool(url, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             async with store.connection() as conn:
                 await conn.execute("TRUNCATE agent_runs CASCADE")
             await store.upsert_pool(Pool(pool, default_max_in_flight=10_000 if limits else None))

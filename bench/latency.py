@@ -81,7 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
 from throughput import WorkerProc, terminate_as_interrupt, worker_fleet
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.embedded import free_port
 from runlease.db.models import Lease, Pool
 from runlease.db.store import RunStore
@@ -638,10 +638,10 @@ def main() -> None:
 
 async def measure_all(url: str, args: argparse.Namespace, log_dir: Path,
                       figures: dict[str, Any]) -> None:
-    async with make_pool(url, min_size=1, max_size=2) as pool, \
+    async with make_conn_pool(url, min_size=1, max_size=2) as conn_pool, \
             await psycopg.AsyncConnection.connect(url, autocommit=True,
                                                   row_factory=dict_row) as conn:
-        store = RunStore(pool)
+        store = RunStore(conn_pool)
         row = await fetch_one(conn, "SHOW server_version")
         figures["server"] = row["server_version"] if row else "?"
         if "start" not in args.skip:

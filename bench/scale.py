@@ -13,17 +13,24 @@ tenants + 100,000 delayed (the issue's repro); --quick: 100,000 + 10,000.
 The figure is rate(backlog) / rate(empty).
 
 Target 2, heartbeat and reaper flat in leases: one run_heartbeat statement
-renewing 10, 100, 1,000, 10,000 leases (median of a few), among 100,000 live
-leases (--quick: 20,000); then one reaper batch (run_reap) and one
-retention batch (run_retention_by_pool) with those live leases, against the
-same with no live lease. The live leases' ids are older than the retention
-cutoff (the worst case for a scan bounded by id).
+renewing 10, 100, 1,000, 10,000 leases (median of a few, each committed),
+among 100,000 live leases (--quick: 20,000) of 10 registered workers, as a
+prepared statement both with the server's plan choice and forced generic
+(what the lease keeper's prepared statement settles on); then one reaper
+batch (run_reap) and one retention batch (run_retention_by_pool) with those
+live leases, against the same with no live lease: rows read, from EXPLAIN
+ANALYZE. The live leases' ids are older than the retention cutoff (the
+worst case for a scan bounded by id).
 
 Target 3, queue stats: the operator's queue_stats over the target-1
 backlog, p99 of a few calls.
 
-Targets 4-7 are not measured here (streams, bench/throughput.py for the
-drain, memory, PgBouncer); they are listed with no value.
+The targets are a registry (TARGETS): each entry names the key of its
+section in the JSON and a function (server URL, quick) -> {"details": ...,
+"targets": [item(...), ...]}. Targets measured by another module (4-7:
+streams, the drain, memory, PgBouncer) are added as one line each to
+TARGETS with `external("module:function")`; until then they are listed
+with no value.
 
 Without --database-url an embedded PostgreSQL is started, with fsync off
 unless --durable: what is measured is the work of a statement, and on a
@@ -35,9 +42,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +57,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import emit_json, fresh_database, machine, print_table, server
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.queries import sql
 from runlease.db.store import NewRun, RunStore
 
@@ -105,13 +116,13 @@ def claim_rate(url: str, pool: str, runs: int) -> dict[str, float]:
     """Enqueue `runs` for a fresh uncapped tenant, then claim 1 + ack until
     they are all done; claims/s overall and in the last tenth."""
     async def go() -> dict[str, float]:
-        async with make_pool(url, min_size=1, max_size=1) as conns:
-            store = RunStore(conns)
+        async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             tenant = f"fresh-{time.monotonic_ns()}"
             for i in range(0, runs, 1000):
                 await store.enqueue_many(pool, [NewRun(tenant, {"i": j})
                                                 for j in range(i, min(runs, i + 1000))])
-            async with conns.connection() as conn:
+            async with conn_pool.connection() as conn:
                 done = 0
                 t0 = time.perf_counter()
                 tail_at = runs - runs // 10
@@ -170,8 +181,8 @@ def target1(url: str, quick: bool, runs: int | None = None) -> dict[str, Any]:
 
 def queue_stats_p99(url: str, pool: str, calls: int = 20) -> float:
     async def go() -> float:
-        async with make_pool(url, min_size=1, max_size=1) as conns:
-            store = RunStore(conns)
+        async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             times = []
             for _ in range(calls):
                 t0 = time.perf_counter()
@@ -183,28 +194,55 @@ def queue_stats_p99(url: str, pool: str, calls: int = 20) -> float:
 
 
 def timed(conn: psycopg.Connection[Any], name: str, params: dict[str, Any],
-          reps: int = 5) -> float:
-    """Median milliseconds of one named statement, rolled back each time."""
+          reps: int = 5, *, commit: bool = False) -> float:
+    """Median milliseconds of one named statement, committed or rolled back."""
     times = []
     for _ in range(reps):
-        with conn.transaction(force_rollback=True):
+        with conn.transaction(force_rollback=not commit):
             t0 = time.perf_counter()
             conn.execute(sql(name), params, prepare=True).fetchall()
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1000
 
 
+WORKERS = 10
+
+
+def heartbeat_curve(db: str, held: list[Any], plan_mode: str) -> dict[int, float]:
+    """Milliseconds of one heartbeat of n leases, prepared, under plan_mode."""
+    curve = {}
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(f"SET plan_cache_mode = {plan_mode}")  # type: ignore[arg-type]
+        for n in (10, 100, 1_000, 10_000):
+            if n > len(held):
+                break
+            curve[n] = timed(conn, "run_heartbeat", {
+                "worker": "hb-0", "ids": held[:n], "epochs": [1] * n, "lease_s": 3600,
+                "now": None, "pool": "work", "version": "bench", "concurrency": n},
+                reps=7, commit=True)
+    return curve
+
+
 def target2(url: str, quick: bool) -> dict[str, Any]:
     live = 20_000 if quick else 100_000
     db = fresh_database(url, "scale_leases")
-    out: dict[str, Any] = {"live_leases": live}
+    out: dict[str, Any] = {"live_leases": live, "workers": WORKERS}
+    reap = {"batch": 1000, "now": None, "channel_prefix": "bench_", "ids": []}
+    retention = {"batch": 1000, "now": None}
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("INSERT INTO agent_run_pools (name, retention_s) VALUES ('work', 3600)")
         # Nothing live yet: the reaper's and retention's fixed cost.
-        out["reap_ms_none"] = timed(conn, "run_reap", {"batch": 1000, "now": None,
-                                                       "channel_prefix": "bench_"})
-        out["retention_ms_none"] = timed(conn, "run_retention_by_pool",
-                                         {"batch": 1000, "now": None})
+        out["reap_ms_none"] = timed(conn, "run_reap", reap)
+        out["retention_ms_none"] = timed(conn, "run_retention_by_pool", retention)
+        out["run_reap_plan_none"] = explain_rows(conn, "run_reap", reap)
+        out["run_retention_by_pool_plan_none"] = explain_rows(conn, "run_retention_by_pool",
+                                                              retention)
+        # The workers are alive: registered, their rows fresh.
+        conn.execute(
+            "INSERT INTO agent_run_workers (id, pool, version, concurrency, started_at,"
+            "                               heartbeat_at, expires_at)"
+            " SELECT 'hb-' || w, 'work', 'bench', 10000, now(), now(), now() + interval '1 hour'"
+            "   FROM generate_series(0, %s - 1) w", (WORKERS,))
         conn.execute(
             f"INSERT INTO agent_runs (id, pool, tenant_id, status, input_json, attempts,"
             f"                        lease_epoch, locked_by, locked_until, created_at)"
@@ -217,77 +255,145 @@ def target2(url: str, quick: bool) -> dict[str, Any]:
         # Leases of one worker: 'hb-0' holds 10,000 of them.
         held = [r[0] for r in conn.execute(
             "SELECT id FROM agent_runs WHERE locked_by = 'hb-0' ORDER BY id").fetchall()]
-        curve = {}
-        for n in (10, 100, 1_000, 10_000):
-            if n > len(held):
-                break
-            curve[n] = timed(conn, "run_heartbeat", {
-                "worker": "hb-0", "ids": held[:n], "epochs": [1] * n, "lease_s": None,
-                "now": None})
-        out["heartbeat_ms"] = curve
-        out["heartbeat_1000_over_10"] = curve[1_000] / curve[10]
-        out["reap_ms"] = timed(conn, "run_reap", {"batch": 1000, "now": None,
-                                                  "channel_prefix": "bench_"})
-        out["retention_ms"] = timed(conn, "run_retention_by_pool",
-                                    {"batch": 1000, "now": None})
-        for name, params in (("run_reap", "1000, NULL, 'bench_'"),
-                             ("run_retention_by_pool", "1000, NULL")):
-            out[name + "_plan"] = explain_rows(conn, name, params)
+        out["reap_ms"] = timed(conn, "run_reap", reap)
+        out["retention_ms"] = timed(conn, "run_retention_by_pool", retention)
+        out["run_reap_plan"] = explain_rows(conn, "run_reap", reap)
+        out["run_retention_by_pool_plan"] = explain_rows(conn, "run_retention_by_pool",
+                                                         retention)
+        out["run_lease_sweep_plan"] = explain_rows(conn, "run_lease_sweep", {
+            "after_by": "", "after_id": "00000000-0000-0000-0000-000000000000",
+            "rows": 1000, "now": None})
+    out["heartbeat_ms"] = heartbeat_curve(db, held, "auto")
+    out["heartbeat_ms_generic"] = heartbeat_curve(db, held, "force_generic_plan")
+    out["heartbeat_1000_over_10"] = max(
+        c[1_000] / c[10] for c in (out["heartbeat_ms"], out["heartbeat_ms_generic"]))
     return out
 
 
-def explain_rows(conn: psycopg.Connection[Any], name: str, args: str) -> dict[str, int]:
-    """Rows a statement read (scanned + removed by filter), from EXPLAIN ANALYZE."""
-    text = sql(name)
-    for key in ("batch", "now", "channel_prefix"):
-        text = text.replace(f"%({key})s", "$" + str(("batch", "now", "channel_prefix")
-                                                      .index(key) + 1))
-    with conn.transaction(force_rollback=True):
-        conn.execute(f"PREPARE scale_probe AS {text}")  # type: ignore[arg-type]
-        plan = conn.execute(
-            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE scale_probe ({args})"  # type: ignore[arg-type]
-        ).fetchone()[0][0]["Plan"]  # type: ignore[index]
-        conn.execute("DEALLOCATE scale_probe")
+def explain_rows(conn: psycopg.Connection[Any], name: str,
+                 params: dict[str, Any]) -> dict[str, int]:
+    """Rows a statement's scans read (returned + removed by filter), from
+    EXPLAIN ANALYZE through auto_explain; the statement is rolled back."""
+    plans: list[dict[str, Any]] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if "plan:" in text:
+            plans.append(json.loads(text.split("plan:", 1)[1])["Plan"])
+
+    conn.add_notice_handler(keep)
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute("LOAD 'auto_explain'")
+            for key, value in [("log_min_duration", "0"), ("log_analyze", "on"),
+                               ("log_format", "json"), ("log_level", "notice")]:
+                conn.execute(f"SET LOCAL auto_explain.{key} = {value}")  # type: ignore[arg-type]
+            conn.execute(sql(name), params).fetchall()
+    finally:
+        conn.remove_notice_handler(keep)
     read = [0, 0]
 
     def walk(node: dict[str, Any]) -> None:
-        if "Scan" in node["Node Type"]:
+        if "Scan" in node["Node Type"] and node.get("Relation Name") == "agent_runs":
             read[0] += int(node.get("Actual Rows", 0) * node.get("Actual Loops", 1))
             read[1] += int(node.get("Rows Removed by Filter", 0))
         for child in node.get("Plans", []):
             walk(child)
 
-    walk(plan)
+    walk(plans[-1])
     return {"rows_returned_by_scans": read[0], "rows_removed_by_filter": read[1]}
 
 
-def targets(t1: dict[str, Any] | None, t2: dict[str, Any] | None) -> list[dict[str, Any]]:
-    def item(name: str, value: Any, target: str, met: bool | None) -> dict[str, Any]:
-        return {"name": name, "value": value, "target": target, "met": met}
+def item(name: str, value: Any, target: str, met: bool | None) -> dict[str, Any]:
+    return {"name": name, "value": value, "target": target, "met": met}
 
-    out = []
-    if t1:
-        out.append(item("1. claim flat under backlog (rate with backlog / empty)",
-                        round(t1["ratio"], 3), ">= 0.7", t1["ratio"] >= 0.7))
-    if t2:
-        reads = (t2["run_reap_plan"]["rows_returned_by_scans"]
-                 + t2["run_reap_plan"]["rows_removed_by_filter"]
-                 + t2["run_retention_by_pool_plan"]["rows_returned_by_scans"]
-                 + t2["run_retention_by_pool_plan"]["rows_removed_by_filter"])
-        ratio = t2["heartbeat_1000_over_10"]
-        out.append(item("2. heartbeat of 1,000 / of 10 leases", round(ratio, 2), "< 10",
-                        ratio < 10))
-        out.append(item(f"2. rows read by reaper + retention with {t2['live_leases']:,}"
-                        " live leases, none expired", reads, "0 (batch-bounded)",
-                        reads == 0))
-    if t1:
-        out.append(item("3. queue stats p99 ms over the backlog",
-                        round(t1["stats_p99_ms"], 1), "< 50", t1["stats_p99_ms"] < 50))
-    for name in ("4. streams by the thousand (not measured; only the per-tenant cap is done)",
-                 "5. faster drain (bench/throughput.py)", "6. memory (bench/soak.py)",
-                 "7. behind PgBouncer"):
-        out.append(item(name, None, "see docs/benchmarks.md", None))
-    return out
+
+def claim_targets(t1: dict[str, Any]) -> list[dict[str, Any]]:
+    return [item("1. claim flat under backlog (rate with backlog / empty)",
+                 round(t1["ratio"], 3), ">= 0.7", t1["ratio"] >= 0.7)]
+
+
+def lease_targets(t2: dict[str, Any]) -> list[dict[str, Any]]:
+    def total(plan: dict[str, int]) -> int:
+        return plan["rows_returned_by_scans"] + plan["rows_removed_by_filter"]
+
+    reads = total(t2["run_reap_plan"]) + total(t2["run_retention_by_pool_plan"])
+    reads_none = (total(t2["run_reap_plan_none"])
+                  + total(t2["run_retention_by_pool_plan_none"]))
+    ratio = t2["heartbeat_1000_over_10"]
+    # What the reaper cannot avoid: one descent per worker holding leases.
+    return [
+        item("2. heartbeat of 1,000 / of 10 leases (worse of server-chosen and generic plans)",
+             round(ratio, 2), "< 10", ratio < 10),
+        item(f"2. rows read by reaper + retention with {t2['live_leases']:,} live leases of"
+             f" {t2['workers']} live workers, none expired", reads,
+             f"<= {reads_none} + {2 * t2['workers']} (as with none; one descent per worker)",
+             reads <= reads_none + 2 * t2["workers"]),
+    ]
+
+
+def stats_targets(t1: dict[str, Any]) -> list[dict[str, Any]]:
+    return [item(f"3. queue stats p99 ms over {t1['capped_pending'] + t1['delayed']:,} runs",
+                 round(t1["stats_p99_ms"], 1), "< 50", t1["stats_p99_ms"] < 50)]
+
+
+Measured = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One numbered target: `section` is its key in the JSON output;
+    `measure(url, quick)` returns {"details": ..., "targets": [item(...)]}."""
+
+    key: str
+    section: str
+    measure: Callable[[str, bool], Measured]
+
+
+def external(spec: str) -> Callable[[str, bool], Measured]:
+    """A target measured by another bench module, "module:function"
+    (imported when measured, from bench/)."""
+    module, function = spec.split(":")
+
+    def measure(url: str, quick: bool) -> Measured:
+        found: Callable[[str, bool], Measured] = getattr(importlib.import_module(module),
+                                                         function)
+        return found(url, quick)
+
+    return measure
+
+
+def _claim(url: str, quick: bool) -> Measured:
+    t1 = target1(url, quick, RUNS[0])
+    return {"details": t1, "targets": claim_targets(t1)}
+
+
+def _leases(url: str, quick: bool) -> Measured:
+    t2 = target2(url, quick)
+    return {"details": t2, "targets": lease_targets(t2)}
+
+
+def _streams(url: str, quick: bool) -> Measured:
+    import scale_streams  # bench/scale_streams.py
+
+    t4 = scale_streams.measure(url, quick)
+    return {"details": t4, "targets": scale_streams.targets(t4)}
+
+
+RUNS: list[int | None] = [None]  # --runs, for target 1
+
+TARGETS: list[Target] = [
+    # Target 1 also measures target 3's queue stats over its backlog.
+    Target("1", "claim", _claim),
+    Target("2", "leases", _leases),
+    Target("4", "streams", _streams),
+]
+
+NOT_MEASURED = {
+    "5": "5. faster drain (bench/throughput.py)",
+    "6": "6. memory (bench/soak.py)",
+    "7": "7. behind PgBouncer",
+}
 
 
 def main() -> None:
@@ -295,19 +401,39 @@ def main() -> None:
     ap.add_argument("--database-url")
     ap.add_argument("--quick", action="store_true", help="smaller backlogs (minutes)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--only", choices=("1", "2"), help="one target's measurement")
+    ap.add_argument("--only", choices=sorted({t.key for t in TARGETS}),
+                    help="one target's measurement")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
+    ap.add_argument("--soak", action="store_true",
+                    help="target 6: bench/soak.py --quick on the same server (+3 minutes)")
     args = ap.parse_args()
+    RUNS[0] = args.runs
+    sections: dict[str, Any] = {t.section: None for t in TARGETS}
+    items: list[dict[str, Any]] = []
     with server(args.database_url, durable=args.durable) as url:
-        t1 = target1(url, args.quick, args.runs) if args.only in (None, "1") else None
-        t2 = target2(url, args.quick) if args.only in (None, "2") else None
+        for t in TARGETS:
+            if args.only in (None, t.key):
+                measured = t.measure(url, args.quick)
+                sections[t.section] = measured["details"]
+                items += measured["targets"]
+    if sections.get("claim"):
+        items += stats_targets(sections["claim"])
+    measured_keys = {t.key for t in TARGETS}
+    items += [item(name, None, "see docs/benchmarks.md", None)
+              for key, name in NOT_MEASURED.items() if key not in measured_keys]
+    items.sort(key=lambda i: i["name"].split(".")[0].zfill(3))
     result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
-              "date": time.strftime("%Y-%m-%d"),
-              "claim": t1, "leases": t2, "targets": targets(t1, t2)}
+              "date": time.strftime("%Y-%m-%d"), **sections, "targets": items}
+    if args.soak:  # target 6 (bench/soak.py), after the others: it loads the machine
+        import soak
+
+        result["soak"] = soak.measure(args.database_url, quick=True)
+        result["targets"] = soak.with_memory(result["targets"], result["soak"])
     if args.json:
         emit_json(result)
         return
+    t1, t2 = sections.get("claim"), sections.get("leases")
     if t1:
         print(f"claim+ack, one connection, {t1['claimed']:,} runs of a fresh tenant:")
         print_table(["queue", "claims/s", "last tenth /s"], [
@@ -318,11 +444,13 @@ def main() -> None:
         print()
     if t2:
         print(f"heartbeat (ms, one statement) among {t2['live_leases']:,} live leases:")
-        print_table(["leases", "ms"], [[n, ms] for n, ms in t2["heartbeat_ms"].items()])
+        print_table(["leases", "ms", "ms (generic plan)"],
+                    [[n, ms, t2["heartbeat_ms_generic"].get(n)]
+                     for n, ms in t2["heartbeat_ms"].items()])
         print()
     print_table(["target", "value", "goal", "met"],
                 [[t["name"], "-" if t["value"] is None else t["value"], t["target"],
-                  "-" if t["met"] is None else str(t["met"])] for t in result["targets"]])
+                  "-" if t["met"] is None else str(t["met"])] for t in items])
 
 
 if __name__ == "__main__":

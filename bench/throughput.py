@@ -1,6 +1,6 @@
 """End-to-end throughput: no-op runs drained by real `runlease worker` processes.
 
-    python bench/throughput.py [--database-url URL] [--jobs 20000] [--json]
+    python bench/throughput.py [--database-url URL] [--jobs 20000] [--pgbouncer] [--json]
 
 For P = 1, 2, 4 worker processes (`python -m runlease worker`, settings from
 RUNLEASE_* variables, the agent `bench.agents:noop`): enqueue `jobs` runs
@@ -25,6 +25,12 @@ the raw floor's figures measure (they start their clock once the consumers
 are connected). Targets (shown, not asserted): >= 3x PgQueuer and >= 0.5 of
 the raw batched floor. Without --database-url a durable embedded PostgreSQL
 is started (fsync on).
+
+With --pgbouncer, each worker count also drains through a real PgBouncer in
+transaction pooling mode (Debian's `pgbouncer`, started as the tests start it:
+tests/support/pgbouncer.py, 20 server connections): the workers' database_url
+is the bouncer's, prepared statements off, LISTEN on the direct URL; the table
+shows that drain beside the direct one.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ from claim import load_store
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+sys.path.insert(1, str(ROOT))  # tests.support.pgbouncer
+
+# PgBouncer's server connections per database for --pgbouncer.
+BOUNCER_POOL_SIZE = 20
 
 POLL_S = 0.05
 NOT_INSTALLED = "not installed (pip install -e '.[bench]')"
@@ -103,6 +113,15 @@ class WorkerProc:
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"worker {self.name} exited with code {self.proc.returncode}\n"
                                + self.log_tail())
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the process has used so far."""
+        assert self.proc is not None
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def kill9(self) -> None:
         """kill -9 of the worker process alone (its session is cleaned up later)."""
@@ -171,20 +190,29 @@ def scalar(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any
 
 
 def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s: float,
-               log_dir: Path) -> dict[str, Any]:
+               log_dir: Path, bouncer_url: str | None = None) -> dict[str, Any]:
+    """bouncer_url: the workers connect through it (prepared statements off,
+    LISTEN on url); enqueueing and polling stay direct."""
     # The default pool keeps its migration defaults: no tenant cap.
     enqueue_s = load_store(url, jobs, pool="default")
     load_before = os.getloadavg()[0]
+    through: dict[str, object] = ({"listen_database_url": url, "prepared_statements": False}
+                                  if bouncer_url else {})
+    tag = "pgb" if bouncer_url else "tp"
     with psycopg.connect(url, autocommit=True) as poll, worker_fleet(url, log_dir) as fleet:
         t0 = time.perf_counter()
         for i in range(processes):
-            fleet.append(WorkerProc(url, f"tp{processes}-{i}", {
+            fleet.append(WorkerProc(bouncer_url or url, f"{tag}{processes}-{i}", {
                 "agent": "bench.agents:noop",
                 "concurrency": concurrency,
                 "reaper": i == 0,
+                **through,
             }, log_dir).start())
         deadline = t0 + timeout_s
+        cpu_at_first: float | None = None
         while (left := scalar(poll, "SELECT count(*) FROM agent_runs WHERE status <> 'done'")):
+            if cpu_at_first is None and left < jobs:  # the drain began: startup is over
+                cpu_at_first = sum(p.cpu_s() for p in fleet)
             for p in fleet:
                 p.check_alive()
             if time.perf_counter() > deadline:
@@ -193,6 +221,7 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
                                    + "\n".join(p.log_tail() for p in fleet))
             time.sleep(POLL_S)
         wall_s = time.perf_counter() - t0
+        cpu_s = sum(p.cpu_s() for p in fleet) - (cpu_at_first or 0.0)
         drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
                                      "min(finished_at)) FROM agent_runs"))
         for p in fleet:  # graceful: SIGTERM drains (nothing left to run)
@@ -202,6 +231,7 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
     return {
         "processes": processes,
         "concurrency": concurrency,
+        "pgbouncer": bool(bouncer_url),
         "enqueue_s": round(enqueue_s, 4),
         "enqueue_runs_per_s": round(jobs / enqueue_s, 1),
         "wall_s": round(wall_s, 4),
@@ -209,6 +239,10 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
         "drain_s": round(drain_s, 4),
         "drain_jobs_per_s": round(jobs / drain_s, 1) if drain_s > 0 else None,
         "startup_s": round(wall_s - drain_s, 4),
+        # The workers' own CPU (user + system) from the first ack seen to the
+        # last, per run: what the worker's Python costs, much less moved by
+        # the neighbours' load than the rates are.
+        "worker_cpu_ms_per_run": round(cpu_s * 1000 / jobs, 4),
         "host_loadavg_1m_before": round(load_before, 2),
         "worker_warnings": warnings[:20],
     }
@@ -275,6 +309,13 @@ def summarize(figures: dict[str, Any]) -> None:
         "ours_wall_vs_raw": ratio(best["jobs_per_s"], raw),
         "ours_drain_vs_raw": ratio(best_drain["drain_jobs_per_s"], raw),
     }
+    if figures.get("ours_pgbouncer"):
+        best_pgb = max(figures["ours_pgbouncer"], key=lambda r: r["drain_jobs_per_s"] or 0)
+        figures["best"]["pgbouncer_drain_jobs_per_s"] = best_pgb["drain_jobs_per_s"]
+        figures["ratios"]["pgbouncer_drain_vs_direct"] = ratio(
+            best_pgb["drain_jobs_per_s"], best_drain["drain_jobs_per_s"])
+        figures["ratios"]["pgbouncer_drain_vs_pgqueuer"] = ratio(
+            best_pgb["drain_jobs_per_s"], pgq)
     r = figures["ratios"]
     figures["targets"] = {
         "vs_pgqueuer": {"target": TARGET_VS_PGQUEUER,
@@ -292,26 +333,28 @@ def print_report(figures: dict[str, Any]) -> None:
           f"({'durable embedded' if figures['embedded'] else 'given URL'}), "
           f"{figures['machine']['cpus']} CPUs\n")
     rows: list[Sequence[Any]] = []
-    for r in figures["ours"]:
-        rows.append([f"runlease P={r['processes']} x c={r['concurrency']}", r["jobs_per_s"],
-                     r["drain_jobs_per_s"], r["wall_s"], r["startup_s"],
-                     r["enqueue_runs_per_s"], r["host_loadavg_1m_before"]])
+    for r in figures["ours"] + figures.get("ours_pgbouncer", []):
+        via = " via PgBouncer" if r["pgbouncer"] else ""
+        rows.append([f"runlease{via} P={r['processes']} x c={r['concurrency']}",
+                     r["jobs_per_s"], r["drain_jobs_per_s"], r["wall_s"], r["startup_s"],
+                     r["enqueue_runs_per_s"], r["host_loadavg_1m_before"],
+                     r["worker_cpu_ms_per_run"]])
     raw = figures["raw_floor"]
     rows.append([f"raw SQL floor K={raw['claimers']} batch={raw['batch']}", "",
-                 raw["jobs_per_s"], "", "", "", raw["host_loadavg_1m_before"]])
+                 raw["jobs_per_s"], "", "", "", raw["host_loadavg_1m_before"], ""])
     for name in ("pgqueuer", "procrastinate"):
         p = figures[name]
         if p.get("status") != "ok":
-            rows.append([name, p["status"], "", "", "", "", ""])
+            rows.append([name, p["status"], "", "", "", "", "", ""])
             continue
         s = p["settings"]
         shape = (f"consumers={s['consumers']} batch={s['batch_size']}" if name == "pgqueuer"
                  else f"concurrency={s['concurrency']}")
         rows.append([f"{name} {p['version']} {shape}", "", p["jobs_per_s"], "",
                      p["startup_s"], round(jobs / p["enqueue_s"], 1) if p["enqueue_s"] else "",
-                     p["host_loadavg_1m_before"]])
+                     p["host_loadavg_1m_before"], ""])
     print_table(["queue", "wall jobs/s", "drain jobs/s", "wall s", "startup s",
-                 "enqueue runs/s", "load1"], rows)
+                 "enqueue runs/s", "load1", "worker CPU ms/run"], rows)
     r, t = figures["ratios"], figures["targets"]
     b = figures["best"]
     print(f"\nbest runlease: {b['jobs_per_s']:,.0f} jobs/s wall (P={b['processes']}), "
@@ -328,6 +371,11 @@ def print_report(figures: dict[str, Any]) -> None:
         ["ours / raw floor", show(r["ours_wall_vs_raw"]), show(r["ours_drain_vs_raw"]),
          f">= {TARGET_VS_RAW:g}", f"{t['vs_raw']['wall']} / {t['vs_raw']['drain']}"],
     ])
+    if "pgbouncer_drain_vs_direct" in r:
+        print(f"\nthrough PgBouncer (transaction pooling): best drain "
+              f"{b['pgbouncer_drain_jobs_per_s']:,.0f} jobs/s = "
+              f"{show(r['pgbouncer_drain_vs_direct'])} of the direct drain; "
+              f"vs PgQueuer (direct): {show(r['pgbouncer_drain_vs_pgqueuer'])}")
     print("\n(wall = worker spawn -> all done, polled every 50 ms, includes interpreter start "
           "and connecting;\n drain = first -> last ack by the server's clock, comparable to the "
           "peers' and the raw floor's figures,\n which start once their consumers are "
@@ -349,6 +397,8 @@ def main() -> None:
     parser.add_argument("--raw-batch", type=int, default=50)
     parser.add_argument("--no-peers", action="store_true", help="skip PgQueuer and Procrastinate")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per drain")
+    parser.add_argument("--pgbouncer", action="store_true",
+                        help="also drain through a real PgBouncer (transaction pooling)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     counts = [int(p) for p in args.processes.split(",")]
@@ -359,18 +409,28 @@ def main() -> None:
     figures: dict[str, Any] = {"jobs": args.jobs, "machine": machine(),
                                "embedded": not args.database_url, "ours": []}
     log_dir = Path(tempfile.mkdtemp(prefix="runlease-bench-throughput-"))
-    with terminate_as_interrupt(), server(args.database_url) as base_url:
+    with terminate_as_interrupt(), server(args.database_url) as base_url, \
+            contextlib.ExitStack() as stack:
         url = fresh_database(base_url, "runlease_bench_throughput")
         with psycopg.connect(url) as conn:
             figures["server"] = scalar(conn, "SHOW server_version")
+        bouncer_url = None
+        if args.pgbouncer:
+            from tests.support.pgbouncer import running_pgbouncer
+
+            bouncer = stack.enter_context(running_pgbouncer(url, pool_size=BOUNCER_POOL_SIZE))
+            bouncer_url = bouncer.url(url)
+            figures["ours_pgbouncer"] = []
         for n in counts:
-            runs = [drain_ours(url, args.jobs, n, args.concurrency, args.timeout, log_dir)
-                    for _ in range(args.repeat)]
-            best = max(runs, key=lambda r: r["jobs_per_s"])
-            best["all_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
-            figures["ours"].append(best)
-            note(f"runlease P={n}: {best['jobs_per_s']:,.0f} jobs/s wall, "
-                 f"{best['drain_jobs_per_s']:,.0f} drain")
+            for via in ([None, bouncer_url] if bouncer_url else [None]):
+                runs = [drain_ours(url, args.jobs, n, args.concurrency, args.timeout, log_dir,
+                                   bouncer_url=via) for _ in range(args.repeat)]
+                best = max(runs, key=lambda r: r["jobs_per_s"])
+                best["all_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
+                figures["ours_pgbouncer" if via else "ours"].append(best)
+                note(f"runlease{' via PgBouncer' if via else ''} P={n}: "
+                     f"{best['jobs_per_s']:,.0f} jobs/s wall, "
+                     f"{best['drain_jobs_per_s']:,.0f} drain")
         figures["raw_floor"] = raw_floor(url, args.jobs, args.raw_claimers, args.raw_batch)
         note(f"raw floor: {figures['raw_floor']['jobs_per_s']:,.0f} jobs/s")
         for name in ("pgqueuer", "procrastinate"):

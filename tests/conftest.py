@@ -2,6 +2,7 @@
 
     databases.py  a real PostgreSQL: db_url, empty_db_url, store, live_store, clock
     api.py        the API served in the test's loop: api
+    pgbouncer.py  a real PgBouncer (transaction pooling) in front of it: pgbouncer, bouncer_url
 """
 
-pytest_plugins = ("tests.support.databases", "tests.support.api")
+pytest_plugins = ("tests.support.databases", "tests.support.api", "tests.support.pgbouncer")

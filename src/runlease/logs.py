@@ -64,7 +64,7 @@ def configure(level: str = "INFO", *, json_lines: bool = False,
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # psycopg's pool logs every reconnect attempt at WARNING; ours say it once.
+    # psycopg's connection pool logs every reconnect attempt at WARNING; ours say it once.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     # One line per HTTP request made by the client is noise at INFO.
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -85,6 +85,8 @@ API_LATENCY = Histogram("runlease_api_request_duration_seconds",
 RUNS_SUBMITTED = Counter("runlease_runs_submitted_total", "Runs enqueued through the API.",
                          ["pool"])
 SSE_STREAMS = Gauge("runlease_sse_streams", "Event streams open now.")
+SSE_FEED_READS = Counter("runlease_sse_feed_reads_total",
+                          "Statements the event fan-out ran (each reads every woken run).")
 
 # -- operator ------------------------------------------------------------------------
 QUEUE_RUNS = Gauge("runlease_queue_runs",

@@ -592,6 +592,45 @@ def test_ingress_and_monitoring_and_the_sample_pool(rendered: Render) -> None:
     assert spec.database_secret == "runlease-db"
 
 
+def test_behind_pgbouncer_every_process_gets_the_direct_url_and_no_prepared_statements(
+        rendered: Render) -> None:
+    docs = rendered([values("pgbouncer")])
+    bouncer = {"secretKeyRef": {"name": "pg-bouncer", "key": "url"}}
+    direct = {"secretKeyRef": {"name": "pg-direct", "key": "direct-url"}}
+    api = _env(_container(one(docs, "Deployment", "-api")))
+    assert api["RUNLEASE_DATABASE_URL"] == bouncer
+    assert api["RUNLEASE_LISTEN_DATABASE_URL"] == direct
+    assert api["RUNLEASE_PREPARED_STATEMENTS"] == "false"
+    operator = _env(_container(one(docs, "Deployment", "-operator")))
+    assert operator["RUNLEASE_DATABASE_URL"] == bouncer
+    assert operator["RUNLEASE_PREPARED_STATEMENTS"] == "false"
+    assert "RUNLEASE_LISTEN_DATABASE_URL" not in operator  # the operator never LISTENs
+    # Migrators hold a session advisory lock: the direct URL.
+    job = one(docs, "Job", "-migrate")
+    assert _env(job["spec"]["template"]["spec"]["containers"][0])[
+        "RUNLEASE_DATABASE_URL"] == direct
+    # The sample pool's workers, through the operator's builders.
+    (pool,) = by_kind(docs, "AgentRunPool")
+    spec = parse(pool["metadata"]["name"], pool["metadata"]["namespace"], pool["spec"])
+    assert (spec.database_secret, spec.listen_secret, spec.listen_key,
+            spec.prepared_statements) == ("pg-bouncer", "pg-direct", "direct-url", False)
+    worker = _env(_container(build_deployment(spec, {"metadata": {"name": "p", "uid": "u"}},
+                                              replicas=1)))
+    assert worker["RUNLEASE_LISTEN_DATABASE_URL"] == direct
+    assert worker["RUNLEASE_PREPARED_STATEMENTS"] == "false"
+
+
+def test_a_direct_database_adds_no_pgbouncer_settings(rendered: Render) -> None:
+    docs = rendered([values("monitoring-ingress-sample")])
+    for name in ("-api", "-operator"):
+        env = _env(_container(one(docs, "Deployment", name)))
+        assert "RUNLEASE_LISTEN_DATABASE_URL" not in env
+        assert "RUNLEASE_PREPARED_STATEMENTS" not in env
+    (pool,) = by_kind(docs, "AgentRunPool")
+    assert "listenSecretKeyRef" not in pool["spec"]["database"]
+    assert pool["spec"]["database"]["preparedStatements"] is True
+
+
 def test_every_pod_gives_its_processes_nothing_to_escalate_with(rendered: Render) -> None:
     # The chart's own pods, and the worker pods its sample pool gets from the
     # operator (a worker runs tools a model chose: docs/operator.md).

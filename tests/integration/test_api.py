@@ -191,7 +191,7 @@ async def test_stream_tokens_open_one_runs_stream_only(api: Api) -> None:
         run = await client.submit({"steps": []})
         other = await client.submit({"steps": []})
         await client.cancel(run.id)
-        issued = client._calls.check(await client._http.post(f"/v1/runs/{run.id}/stream-token"))
+        issued = await client._send(client._calls.stream_token(run.id))
     async with httpx.AsyncClient(base_url=api.url) as anonymous:
         ok = await anonymous.get(issued["url"])
         wrong_run = await anonymous.get(f"/v1/runs/{other.id}/events",

@@ -1,5 +1,5 @@
 """The API through a database restart: once the server accepts connections
-again, no request fails. The pool's connections died with the old server; a
+again, no request fails. The connection pool's connections died with the old server; a
 request must not be handed one of them (issue 11, item 11)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ async def test_no_request_fails_once_the_restarted_database_accepts_connections(
             base_url=api.url, headers=api.headers("acme"), timeout=30) as http:
         first = (await http.post("/v1/runs", json={"input": {"steps": []}})).json()
 
-        # Requests at once, so the pool holds several connections to lose.
+        # Requests at once, so the connection pool holds several to lose.
         answers = await asyncio.gather(*(http.get(f"/v1/runs/{first['id']}")
                                          for _ in range(12)))
         assert {a.status_code for a in answers} == {200}

@@ -73,7 +73,7 @@ async def test_a_repeated_key_in_a_batch_is_refused(store: RunStore) -> None:
 
 
 async def test_the_input_bound_is_configurable(store: RunStore) -> None:
-    small = RunStore(store.pool, clock=store.clock, max_input_bytes=100)
+    small = RunStore(store.conn_pool, clock=store.clock, max_input_bytes=100)
     with pytest.raises(ValidationError, match="over the bound of 100 bytes"):
         await small.enqueue("default", "acme", {"x": "y" * 100})
     assert (await small.enqueue("default", "acme", {"x": "y"})).inserted

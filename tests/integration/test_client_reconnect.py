@@ -120,7 +120,7 @@ def events_route_503s(api: ApiProcess) -> int:
 class Outage:
     """At the 10th event: stop the database, kill -9 the API and start a new
     one; start the database again only once the new API has answered the
-    client's reconnect with a 503 (its pool waited for a connection in vain)."""
+    client's reconnect with a 503 (its connection pool waited in vain)."""
 
     def __init__(self, pg: EmbeddedPostgres, api: ApiProcess) -> None:
         self.pg, self.api = pg, api

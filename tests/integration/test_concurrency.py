@@ -18,7 +18,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.models import Pool
 from runlease.db.store import NewRun, RunStore
 
@@ -45,8 +45,8 @@ def run_threads(n: int, target: Callable[[int], Coroutine[Any, Any, None]]) -> N
 
 
 async def enqueue(db_url: str, pool: str, runs: list[NewRun]) -> None:
-    async with make_pool(db_url, max_size=1) as p:
-        store = RunStore(p)
+    async with make_conn_pool(db_url, max_size=1) as conn_pool:
+        store = RunStore(conn_pool)
         for i in range(0, len(runs), 2000):
             await store.enqueue_many(pool, runs[i:i + 2000])
 
@@ -58,9 +58,9 @@ def test_eight_claimers_claim_ten_thousand_runs_exactly_once(db_url: str) -> Non
 
     async def claimer(i: int) -> None:
         rng = random.Random(i)
-        async with make_pool(db_url, max_size=1, application_name=f"claimer-{i}") as p:
-            store = RunStore(p)
-            async with p.connection() as conn:
+        async with make_conn_pool(db_url, max_size=1, application_name=f"claimer-{i}") as conn_pool:
+            store = RunStore(conn_pool)
+            async with conn_pool.connection() as conn:
                 while True:
                     leases = await store.claim("default", f"w{i}", rng.choice((1, 5, 20)),
                                                conn=conn)
@@ -89,8 +89,8 @@ def test_tenant_limits_hold_under_contention(db_url: str) -> None:
     tenants = ["one", "three", "free"]
 
     async def setup() -> None:
-        async with make_pool(db_url, max_size=1) as p:
-            store = RunStore(p)
+        async with make_conn_pool(db_url, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             await store.upsert_pool(Pool("limited"))
             await store.replace_tenant_limits("limited", limits)
 
@@ -118,9 +118,9 @@ def test_tenant_limits_hold_under_contention(db_url: str) -> None:
     sampling.start()
 
     async def claimer(i: int) -> None:
-        async with make_pool(db_url, max_size=1) as p:
-            store = RunStore(p)
-            async with p.connection() as conn:
+        async with make_conn_pool(db_url, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
+            async with conn_pool.connection() as conn:
                 idle_since = time.monotonic()
                 while time.monotonic() - idle_since < 1.0:
                     leases = await store.claim("limited", f"w{i}", 4, conn=conn)

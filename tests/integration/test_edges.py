@@ -30,8 +30,10 @@ async def _force_reap(db_url: str, run_id: UUID) -> None:
                            " WHERE id = %s", (run_id,))
         from runlease.db.queries import sql
 
+        # The worker lives (its registry row is fresh): the run is named, as
+        # the reaper's sweep would name it.
         await conn.execute(sql("run_reap"), {"batch": 10, "channel_prefix": "runlease_pool_",
-                                             "now": None})
+                                             "now": None, "ids": [run_id]})
         await conn.commit()
 
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runlease.core.redact import MASK, Redactor
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
 from runlease.worker import RunContext, context
@@ -63,9 +63,9 @@ def test_a_secret_split_across_deltas_is_never_stored(
     monkeypatch.setattr(context, "DELTA_FLUSH_S", 0.0)
     monkeypatch.setattr(context, "DELTA_FLUSH_CHARS", 8)
     loop = asyncio.new_event_loop()
-    pool = make_pool(db_url, max_size=2)
-    loop.run_until_complete(pool.open(wait=True))
-    store = RunStore(pool)
+    conn_pool = make_conn_pool(db_url, max_size=2)
+    loop.run_until_complete(conn_pool.open(wait=True))
+    store = RunStore(conn_pool)
 
     @settings(max_examples=60, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.too_slow])
@@ -85,7 +85,7 @@ def test_a_secret_split_across_deltas_is_never_stored(
     try:
         check()
     finally:
-        loop.run_until_complete(pool.close())
+        loop.run_until_complete(conn_pool.close())
         loop.close()
 
 

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 
 from runlease.clock import ManualClock
 from runlease.core.backoff import backoff_s
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
 from runlease.db.store import RunStore
 from runlease.errors import LeaseLost
@@ -70,15 +70,15 @@ class QueueMachine(RuleBasedStateMachine):
         self.clock = ManualClock(datetime(2030, 1, 1, tzinfo=UTC))
         self.t = 0.0
         self.model: dict[UUID, Model] = {}
-        self.pool = make_pool(self.url, max_size=1)
-        self.run(self.pool.open())
-        self.store = RunStore(self.pool, clock=self.clock)
+        self.conn_pool = make_conn_pool(self.url, max_size=1)
+        self.run(self.conn_pool.open())
+        self.store = RunStore(self.conn_pool, clock=self.clock)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
-        self.run(self.pool.close())
+        self.run(self.conn_pool.close())
         self.loop.close()
 
     @initialize(target=runs, max_attempts=st.lists(st.integers(1, 3), min_size=2, max_size=5))

@@ -85,10 +85,10 @@ async def test_idempotency_key_with_another_input_is_a_conflict(store: RunStore)
 
 
 async def test_concurrent_enqueues_with_one_key_make_one_run(db_url: str) -> None:
-    from runlease.db.connect import make_pool
+    from runlease.db.connect import make_conn_pool
 
-    async with make_pool(db_url, max_size=8) as pool:
-        store = RunStore(pool)
+    async with make_conn_pool(db_url, max_size=8) as conn_pool:
+        store = RunStore(conn_pool)
         results = await asyncio.gather(
             *(store.enqueue("default", "acme", {"q": 1}, idempotency_key="same") for _ in range(8))
         )

@@ -218,7 +218,7 @@ async def test_behind_pgbouncer_settings_prepared_statements_off(
         for q in queued:
             assert (await finished(live_store, q.run.id)).status == "done"
         # More than psycopg's 5 executions each, yet nothing prepared anywhere.
-        async with worker.store.pool.connection() as conn:
+        async with worker.store.conn_pool.connection() as conn:
             assert conn.prepare_threshold is None
             prepared = await (await conn.execute(
                 "SELECT count(*) AS n FROM pg_prepared_statements")).fetchone()
@@ -270,7 +270,7 @@ async def test_acks_go_on_after_an_outage_met_an_ack_its_lost_lease_settled(
                 " WHERE datname = current_database() AND application_name = 'runlease'"
             ).fetchone()
         assert terminated is not None
-        assert terminated[0] >= 1  # the pool's connections
+        assert terminated[0] >= 1  # the connection pool's connections
         settled = acker.submit(first, Rendered(None))
         settled.set_result(False)  # what a lost lease does
         acked = acker.submit(second, Rendered(None))

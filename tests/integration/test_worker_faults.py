@@ -48,12 +48,12 @@ def query(db_url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 def enqueue(db_url: str, runs: list[dict[str, Any]], max_attempts: int = 3) -> None:
     import asyncio
 
-    from runlease.db.connect import make_pool
+    from runlease.db.connect import make_conn_pool
     from runlease.db.store import NewRun, RunStore
 
     async def go() -> None:
-        async with make_pool(db_url, max_size=1) as pool:
-            store = RunStore(pool)
+        async with make_conn_pool(db_url, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             for i in range(0, len(runs), 500):
                 await store.enqueue_many("default", [NewRun("acme", r, max_attempts=max_attempts)
                                                      for r in runs[i:i + 500]])

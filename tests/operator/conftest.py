@@ -12,7 +12,7 @@ import base64
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import yaml
 
 from runlease.operator.main import kopf_settings, operator
 from runlease.settings import OperatorSettings, load
+from tests.support.waiting import eventually
 
 NS = "rl-test"
 POOLS = "runlease.dev/v1alpha1/agentrunpools"
@@ -31,26 +32,6 @@ SERVICES = "v1/services"
 PDBS = "policy/v1/poddisruptionbudgets"
 PODS = "v1/pods"
 MERGE = {"Content-Type": "application/merge-patch+json"}
-
-
-async def eventually(check: Callable[[], Any], wait_s: float = 10.0,
-                     interval: float = 0.05) -> Any:
-    """Retry a check until it returns something truthy (None is not: a
-    `.get()` of a field not there yet must keep waiting)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait_s
-    while True:
-        try:
-            result = check()
-            if result:
-                return result
-            error: Exception = AssertionError(f"check returned {result!r}")
-        except (AssertionError, KeyError, ValueError, IndexError, TypeError,
-                StopIteration) as exc:
-            error = exc
-        if loop.time() > deadline:
-            raise AssertionError(f"not satisfied within {wait_s} s: {error!r}") from error
-        await asyncio.sleep(interval)
 
 
 def requests_of(kmock: Any, *, method: str | None = None, resource: str | None = None,

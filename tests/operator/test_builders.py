@@ -30,7 +30,9 @@ FULL = {
     "imagePullPolicy": "Always",
     "agent": "acme.agents:main",
     "pool": "batch-pool",
-    "database": {"secretKeyRef": {"name": "pg", "key": "dsn"}},
+    "database": {"secretKeyRef": {"name": "pg", "key": "dsn"},
+                 "listenSecretKeyRef": {"name": "pg-direct", "key": "dsn"},
+                 "preparedStatements": False},
     "concurrencyPerWorker": 7,
     "replicas": {"min": 2, "max": 9},
     "autoscaling": {"enabled": True, "targetRunsPerWorker": 0.5, "scaleDownDelaySeconds": 120},
@@ -53,6 +55,18 @@ FULL = {
     "podAnnotations": {"example.com/team": "ml"},
     "podLabels": {"team": "ml"},
 }
+
+
+# Only what the CRD requires.
+MINIMAL = {"image": FULL["image"], "agent": FULL["agent"],
+           "database": {"secretKeyRef": {"name": "pg", "key": "dsn"}}}
+
+
+def test_a_direct_database_spec_adds_no_pgbouncer_env() -> None:
+    env = env_of(build_deployment(parse("batch", "ml", MINIMAL), OWNER, replicas=1))
+    assert "RUNLEASE_LISTEN_DATABASE_URL" not in env
+    assert "RUNLEASE_PREPARED_STATEMENTS" not in env
+    assert env["RUNLEASE_DATABASE_URL"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
 
 
 def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +93,10 @@ def test_every_spec_field_reaches_the_manifests() -> None:
     assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["RUNLEASE_DATABASE_URL"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
+    # Behind PgBouncer in transaction mode: LISTEN direct, prepared statements off.
+    assert env["RUNLEASE_LISTEN_DATABASE_URL"] == {
+        "secretKeyRef": {"name": "pg-direct", "key": "dsn"}}
+    assert env["RUNLEASE_PREPARED_STATEMENTS"] == "false"
     assert (env["RUNLEASE_POOL"], env["RUNLEASE_AGENT"]) == ("batch-pool", "acme.agents:main")
     assert (env["RUNLEASE_CONCURRENCY"],
             env["RUNLEASE_HEARTBEAT_INTERVAL_S"], env["RUNLEASE_DRAIN_GRACE_S"],
@@ -139,7 +157,7 @@ def test_worker_pods_give_a_tool_nothing_to_escalate_with() -> None:
 
 
 @pytest.mark.parametrize("version", [OLDEST_KUBERNETES, "1.31", "1.34"])
-@pytest.mark.parametrize("spec", [FULL, {k: FULL[k] for k in ("image", "agent", "database")}],
+@pytest.mark.parametrize("spec", [FULL, MINIMAL],
                          ids=["full", "minimal"])
 def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str) -> None:
     for manifest in build_all(parse("batch", "ml", spec), OWNER, replicas=2):
@@ -176,6 +194,13 @@ def test_built_manifests_are_valid_kubernetes(spec: dict[str, Any], version: str
         ({"toolEnv": [""]}, r"spec\.toolEnv"),
         ({"toolEnv": [f"V{i}" for i in range(65)]}, r"spec\.toolEnv"),
         ({"paused": "yes"}, r"spec\.paused"),
+        ({"database": {"secretKeyRef": {"name": "pg"}, "preparedStatements": "no"}},
+         r"spec\.database\.preparedStatements"),
+        ({"database": {"secretKeyRef": {"name": "pg"}, "listenSecretKeyRef": {"key": "k"}}},
+         r"spec\.database\.listenSecretKeyRef\.name"),
+        ({"database": {"secretKeyRef": {"name": "pg"},
+                       "listenSecretKeyRef": {"name": "pg", "key": "a/b"}}},
+         r"spec\.database\.listenSecretKeyRef\.key"),
         # Passed through to the pod, checked against the Kubernetes types.
         ({"env": [{"name": "A", "valeu": "b"}]}, r"spec\.env\[0\]\.valeu"),
         ({"env": [{"value": "b"}]}, r"spec\.env\[0\]\.name"),
@@ -196,11 +221,14 @@ def test_a_bad_spec_is_refused_with_the_field(change: dict[str, Any], field: str
     [
         ("spec.database.secretKeyRef.name",
          lambda v: {"database": {"secretKeyRef": {"name": v}}}),
+        ("spec.database.listenSecretKeyRef.name",
+         lambda v: {"database": {"secretKeyRef": {"name": "pg"},
+                                 "listenSecretKeyRef": {"name": v}}}),
         ("spec.serviceAccountName", lambda v: {"serviceAccountName": v}),
         (r"spec.imagePullSecrets\[1\].name",
          lambda v: {"imagePullSecrets": [{"name": "ok"}, {"name": v}]}),
     ],
-    ids=["secret", "service-account", "pull-secret"],
+    ids=["secret", "listen-secret", "service-account", "pull-secret"],
 )
 def test_a_name_that_is_a_path_is_refused(field: str, change: Any, name: str) -> None:
     with pytest.raises(InvalidSpec, match=rf"^{field} must "):
@@ -294,7 +322,7 @@ def test_manifests_are_those_of_the_dict_builders(label: str) -> None:
     """golden/*.json are the manifests the builders made as plain dicts,
     before they were built from the kubernetes client's typed models: the
     typed builders must serialise to exactly these (nothing changes by accident)."""
-    spec = FULL if label == "full" else {k: FULL[k] for k in ("image", "agent", "database")}
+    spec = FULL if label == "full" else MINIMAL
     built = [serialize(m) for m in build_all(parse("batch", "ml", spec), OWNER, replicas=2)]
     assert built == json.loads((GOLDEN / f"{label}.json").read_text())
 

@@ -14,12 +14,12 @@ from tests.operator.conftest import (
     DEPLOYMENTS,
     create_pool,
     database_secret,
-    eventually,
     requests_of,
     running_operator,
     stored,
 )
 from tests.support.pg import own_postgres
+from tests.support.waiting import eventually
 
 
 def free_port() -> int:

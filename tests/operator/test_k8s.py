@@ -11,7 +11,8 @@ import urllib3
 from kubernetes import client as k
 from kubernetes.client.exceptions import ApiException
 
-from runlease.operator.k8s import ApiError, Kubernetes
+from runlease.client import ApiError
+from runlease.operator.k8s import Kubernetes
 
 
 @pytest.fixture

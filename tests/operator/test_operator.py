@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.store import NewRun, RunStore
 from tests.operator.conftest import (
     DEPLOYMENTS,
@@ -21,12 +21,12 @@ from tests.operator.conftest import (
     SERVICES,
     create_pool,
     database_secret,
-    eventually,
     requests_of,
     running_operator,
     stored,
 )
 from tests.operator.hostile import HOSTILE_NAMES
+from tests.support.waiting import eventually
 
 OWNER = {"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": "batch",
          "uid": "uid-batch", "controller": True, "blockOwnerDeletion": True}
@@ -42,8 +42,8 @@ def condition(k: Any, kind: str, name: str = "batch", ns: str = NS) -> dict[str,
 
 
 async def enqueue(db_url: str, pool: str, n: int, tenant: str = "acme") -> None:
-    async with make_pool(db_url, max_size=1) as p:
-        await RunStore(p).enqueue_many(pool, [NewRun(tenant, {"i": i}) for i in range(n)])
+    async with make_conn_pool(db_url, max_size=1) as conn_pool:
+        await RunStore(conn_pool).enqueue_many(pool, [NewRun(tenant, {"i": i}) for i in range(n)])
 
 
 async def test_a_pool_becomes_workers_with_status(kmock: Any, kubeconfig: str,
@@ -186,8 +186,8 @@ async def test_pod_deletion_cost_comes_from_leases(kmock: Any, kubeconfig: str,
         await enqueue(db_url, "batch", 6)
         await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers")["spec"][
             "replicas"] == 3)
-        async with make_pool(db_url, max_size=1) as p:
-            store = RunStore(p)
+        async with make_conn_pool(db_url, max_size=1) as conn_pool:
+            store = RunStore(conn_pool)
             leases = await store.claim("batch", "uid-pod-busy:boot:1", 2)
             await store.request_cancel((await store.list_runs(status="pending"))[0].id)
             for run in await store.list_runs(status="pending"):

@@ -53,6 +53,7 @@ from runlease.db.embedded import EmbeddedPostgres
 from tests.support.api import TOKENS
 from tests.support.api_process import ApiProcess
 from tests.support.pg import own_postgres
+from tests.support.pgbouncer import running_pgbouncer
 from tests.support.proc import WorkerProcess
 
 WORKER_SETTINGS: dict[str, Any] = {
@@ -75,7 +76,7 @@ class ChaosConfig:
     long_tool_every: int = 4
     followers: int = 4  # runs followed by client.events() through the chaos
     # A burst of this many requests at once goes out just before each stop
-    # (the API's pool then holds that many connections to lose) and just
+    # (the API's connection pool then holds that many to lose) and just
     # after the server accepts connections again.
     burst: int = 12
     # The submitter and the prober wait while the database is down, as an API
@@ -85,6 +86,10 @@ class ChaosConfig:
     # is the test of an idle API's pool).
     quiet_outage: bool = False
     max_attempts: int = 25
+    # The API and the workers reach the database through a real PgBouncer in
+    # transaction pooling mode (tests/support/pgbouncer.py), prepared
+    # statements off; their LISTEN sessions use the direct URL.
+    pgbouncer: bool = False
     settle_s: float = 120.0  # after the chaos, time for every run to finish
     orphan_grace_s: float = 3.0  # a killed worker's tools must be gone by then
     seed: int = 2026
@@ -204,6 +209,7 @@ class Chaos:
         self._names = itertools.count()
         self.workers: list[WorkerProcess] = []
         self._all_workers: list[WorkerProcess] = []
+        self.extra: dict[str, Any] = {}  # settings of every worker and the API
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -227,8 +233,14 @@ class Chaos:
 
     # -- processes ------------------------------------------------------------------------
 
+    def _through_bouncer(self, direct_url: str) -> dict[str, Any]:
+        """The settings of a process whose database_url is PgBouncer's."""
+        if not self.cfg.pgbouncer:
+            return {}
+        return {"listen_database_url": direct_url, "prepared_statements": False}
+
     def _start_worker(self, url: str) -> WorkerProcess:
-        settings = WORKER_SETTINGS | {"concurrency": self.cfg.concurrency}
+        settings = WORKER_SETTINGS | {"concurrency": self.cfg.concurrency} | self.extra
         worker = WorkerProcess(url, self.dir, f"w{next(self._names)}", settings).start()
         self._all_workers.append(worker)
         return worker
@@ -327,7 +339,7 @@ class Chaos:
 
     def _burst(self, api_url: str) -> None:
         """Requests at once, each on its own connection to the API, so the
-        API's pool holds (or is asked for) that many database connections."""
+        API's connection pool holds (or is asked for) that many connections."""
         def one(_: int) -> None:
             with Client(api_url, TOKENS["acme"], timeout_s=30) as client:
                 t0 = time.monotonic()
@@ -362,15 +374,24 @@ class Chaos:
 
     def run(self) -> ChaosFigures:
         started = time.monotonic()
-        with own_postgres(durable=True) as pg:
-            url = pg.url
-            api = ApiProcess(url, self.dir).start()
+        with contextlib.ExitStack() as stack:
+            pg = stack.enter_context(own_postgres(durable=True))
+            # Judging always reads through the direct URL.
+            direct = pg.url
+            url = direct
+            if self.cfg.pgbouncer:
+                url = stack.enter_context(running_pgbouncer(direct)).url(direct)
+                self.extra = self._through_bouncer(direct)
+            api = ApiProcess(url, self.dir)
+            api.env.update({"RUNLEASE_" + k.upper(): str(v).lower() if isinstance(v, bool)
+                            else str(v) for k, v in self.extra.items()})
+            api.start()
             try:
                 self.workers = [self._start_worker(url) for _ in range(self.cfg.workers)]
                 self._chaos(pg, url, api)
-                self._settle(url)
+                self._settle(url, direct)
                 self.orphans |= processes_of_runs(set(self.run_ids))
-                self._judge(url)
+                self._judge(direct)
             finally:
                 self._stop.set()
                 for worker in self._all_workers:
@@ -419,11 +440,11 @@ class Chaos:
                                  f"{self.figures.details.get('db_port_moved')}, "
                                  f"last errors {errors}")
 
-    def _settle(self, url: str) -> None:
+    def _settle(self, url: str, direct_url: str) -> None:
         deadline = time.monotonic() + self.cfg.settle_s
         while time.monotonic() < deadline:
             self._replace_exited(url)
-            with psycopg.connect(url, autocommit=True) as conn:
+            with psycopg.connect(direct_url, autocommit=True) as conn:
                 left = conn.execute("SELECT count(*) FROM agent_runs WHERE status NOT IN"
                                     " ('done', 'dead', 'cancelled')").fetchone()
             if left is not None and left[0] == 0:

@@ -21,7 +21,7 @@ import pytest
 from psycopg import conninfo
 
 from runlease.clock import ManualClock
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate
 from runlease.db.store import RunStore
@@ -105,12 +105,12 @@ def clock() -> ManualClock:
 @pytest.fixture
 async def store(db_url: str, clock: ManualClock) -> AsyncIterator[RunStore]:
     """A store whose statements all use the test's ManualClock."""
-    async with make_pool(db_url, max_size=4) as pool:
-        yield RunStore(pool, clock=clock)
+    async with make_conn_pool(db_url, max_size=4) as conn_pool:
+        yield RunStore(conn_pool, clock=clock)
 
 
 @pytest.fixture
 async def live_store(db_url: str) -> AsyncIterator[RunStore]:
     """A store on the server's own clock."""
-    async with make_pool(db_url, max_size=4) as pool:
-        yield RunStore(pool)
+    async with make_conn_pool(db_url, max_size=4) as conn_pool:
+        yield RunStore(conn_pool)

@@ -7,7 +7,8 @@ import random
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from runlease.core.redact import MASK, Redactor, StreamHoldback
+from runlease.core.redact import MASK, Redactor
+from runlease.core.redact_stream import StreamHoldback
 from tests.support.secrets import BENIGN_WORDS, filler, leaked, message, odd_message, split
 
 R = Redactor()

@@ -89,6 +89,22 @@ app.kubernetes.io/component: {{ . }}
       key: {{ include "runlease.databaseKey" . }}
 {{- end }}
 
+{{/* Behind PgBouncer in transaction mode: the direct URL's Secret for LISTEN
+     (listen=true: the API's), and prepared statements off. */}}
+{{- define "runlease.pgbouncerEnv" -}}
+{{- if and .listen .ctx.Values.database.listenExistingSecret }}
+- name: RUNLEASE_LISTEN_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .ctx.Values.database.listenExistingSecret }}
+      key: {{ .ctx.Values.database.listenExistingSecretKey }}
+{{- end }}
+{{- if not .ctx.Values.database.preparedStatements }}
+- name: RUNLEASE_PREPARED_STATEMENTS
+  value: "false"
+{{- end }}
+{{- end }}
+
 {{- define "runlease.commonEnv" -}}
 - name: RUNLEASE_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}

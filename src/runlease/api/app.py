@@ -22,10 +22,11 @@ from runlease.api import console, errors, routes
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
+from runlease.api.fanout import Fanout
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
 from runlease.db.channels import EVENTS_CHANNEL
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.listener import Listener
@@ -150,16 +151,22 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = make_pool(url, min_size=1, max_size=20, prepare=settings.prepared_statements,
-                         application_name="runlease-api")
-        await pool.open(wait=False)
-        state.store = RunStore(pool, max_input_bytes=settings.max_input_bytes)
-        state.hub = FeedHub(state.store, poll_s=settings.sse_poll_s,
-                            keepalive_s=settings.sse_keepalive_s,
+        conn_pool = make_conn_pool(url, min_size=1, max_size=20,
+                                   prepare=settings.prepared_statements,
+                                   application_name="runlease-api")
+        await conn_pool.open(wait=False)
+        state.store = RunStore(conn_pool, max_input_bytes=settings.max_input_bytes)
+        # Streams hold two connections in all, however many there are: the
+        # LISTEN session and the fan-out's reader (api/fanout.py).
+        fanout = Fanout(state.store, url, prepare=settings.prepared_statements,
+                        poll_s=settings.sse_poll_s)
+        state.hub = FeedHub(state.store, fanout, keepalive_s=settings.sse_keepalive_s,
                             max_per_tenant=settings.sse_max_streams_per_tenant)
         listener = Listener(settings.listen_database_url or url,
-                            {EVENTS_CHANNEL: state.hub.notify}, on_connect=state.hub.wake_all,
+                            {EVENTS_CHANNEL: fanout.notify}, on_connect=fanout.connected,
+                            on_disconnect=fanout.disconnected,
                             application_name="runlease-api-listen")
+        fanout.start()
         listener.start()
         log.info("api_started tokens=%d", len(state.tokens))
         if not len(state.tokens):
@@ -170,7 +177,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
             yield
         finally:
             await listener.stop(2)
-            await pool.close()
+            await fanout.stop()
+            await conn_pool.close()
 
     app = FastAPI(
         title="runlease", version=__version__, lifespan=lifespan, responses=COMMON_ERRORS,

@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from runlease.api.auth import Principal, StreamTokens, TokenRegistry
-from runlease.api.errors import ApiError, unauthorized
+from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import FeedHub
 from runlease.db.store import RunStore
 from runlease.settings import ApiSettings
@@ -55,7 +55,7 @@ async def principal(request: Request) -> Principal:
 
 async def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
     if not who.admin:
-        raise ApiError(403, "forbidden", "admin only")
+        raise ErrorAnswer(403, "forbidden", "admin only")
     return who
 
 
@@ -66,7 +66,7 @@ async def json_content(request: Request) -> None:
     if media != "application/json" and not (media.startswith("application/")
                                             and media.endswith("+json")):
         got = f"got {media!r}" if media else "none was sent"
-        raise ApiError(415, "unsupported_media_type",
+        raise ErrorAnswer(415, "unsupported_media_type",
                        f"Content-Type: send application/json ({got})", "Content-Type")
 
 

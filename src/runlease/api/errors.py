@@ -21,7 +21,10 @@ from runlease.errors import (
 log = logging.getLogger(__name__)
 
 
-class ApiError(Exception):
+class ErrorAnswer(Exception):
+    """Raised in a route to answer with an error: the server's side of what
+    an HTTP caller sees as `runlease.client.ApiError`."""
+
     def __init__(self, status: int, code: str, message: str, field: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -35,16 +38,16 @@ def error_response(status: int, code: str, message: str, field: str | None = Non
                         status_code=status, headers=headers)
 
 
-def unauthorized(message: str = "a valid bearer token is required") -> ApiError:
-    return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
+def unauthorized(message: str = "a valid bearer token is required") -> ErrorAnswer:
+    return ErrorAnswer(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
-def invalid(field: str, message: str) -> ApiError:
-    return ApiError(422, "invalid_request", f"{field}: {message}", field)
+def invalid(field: str, message: str) -> ErrorAnswer:
+    return ErrorAnswer(422, "invalid_request", f"{field}: {message}", field)
 
 
-async def _api_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
+async def _error_answer(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ErrorAnswer)
     return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
 
 
@@ -94,6 +97,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(ErrorAnswer, _error_answer)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(RunleaseError, _runlease_error)

@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from runlease import metrics
 from runlease.api.auth import Principal
 from runlease.api.deps import Admin, JsonBody, Store, Who, api_state, bearer
-from runlease.api.errors import ApiError, invalid, unauthorized
+from runlease.api.errors import ErrorAnswer, invalid, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
 from runlease.api.schemas import (
     POOL_PATTERN,
@@ -178,7 +178,7 @@ async def events(
     if who.scope is not None:  # admins are not capped
         slot = state.hub.admit(who.scope)
         if slot is None:
-            raise ApiError(429, "too_many_streams",
+            raise ErrorAnswer(429, "too_many_streams",
                            f"this tenant already holds {state.hub.max_per_tenant} open event "
                            "streams on this server; close one first",
                            headers={"Retry-After": "5"})

@@ -1,9 +1,12 @@
 """The `runlease` command: server commands (server.py) and the HTTP API's
-client commands (client.py), under one group."""
+client commands (runs.py, dead.py, pools.py, sharing terminal.py), under one
+group."""
 
 from __future__ import annotations
 
-from runlease.cli.client import dead, pools, runs
+from runlease.cli.dead import dead
+from runlease.cli.pools import pools
+from runlease.cli.runs import runs
 from runlease.cli.server import api, main, operator, run, worker
 
 main.add_command(runs)

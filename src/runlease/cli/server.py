@@ -1,10 +1,11 @@
 """The `runlease` command and its server commands: dev, migrate, worker, api,
-operator (the client commands are in cli/client.py)."""
+operator (the client commands are in cli/runs.py, dead.py and pools.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import os
 import socket
@@ -134,7 +135,12 @@ def worker(**options: object) -> None:
     RUNLEASE_* environment variable; SIGTERM drains."""
     from runlease.worker.worker import Worker
 
-    settings = load(WorkerSettings, options)
+    settings = load(WorkerSettings, options)  # imports the agent, too
+    # What is loaded now (modules, the agent's imports) lives as long as the
+    # process: kept out of the collector's full passes, which a busy worker's
+    # many short-lived objects per run would otherwise trigger over and over.
+    gc.collect()
+    gc.freeze()
     sys.exit(asyncio.run(Worker(settings).run()))
 
 

@@ -10,8 +10,8 @@
 
 `AsyncClient` has the run methods (submit, get, list, cancel, wait, events, steps) and
 dead_letters and redrive, as coroutines (events as an async iterator); it has no
-stream_token, pools or upsert_pool. Both build requests and read answers the
-same way (`calls.py`); only the I/O differs.
+stream_token, pools or upsert_pool. Each call is declared once (`calls.py`:
+its request and how its answer reads); the two clients only send it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
-"""The asynchronous client, for agent platforms running on asyncio."""
+"""The asynchronous client, for agent platforms running on asyncio: sends the
+calls `calls.py` declares."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
 
-from runlease.client.calls import Calls
+from runlease.client.calls import Call, Calls, T, Waiting, check
 from runlease.client.errors import ApiError
-from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
+from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
@@ -22,8 +22,7 @@ class AsyncClient:
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._calls = Calls(api_url, token)
-        self._http = httpx.AsyncClient(base_url=self._calls.base, headers=self._calls.headers,
-                                       timeout=timeout_s, transport=transport)
+        self._http = httpx.AsyncClient(**self._calls.http_options(timeout_s, transport))
 
     async def __aenter__(self) -> Self:
         return self
@@ -34,78 +33,64 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._calls.check(await self._http.request(method, path, **kwargs))
+    async def _send(self, call: Call[T]) -> T:
+        return call.read(await self._http.send(call.request(self._http)))
 
     async def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
                      priority: int | None = None, max_attempts: int | None = None,
                      budget: Mapping[str, Any] | None = None,
                      idempotency_key: str | None = None,
                      tenant_id: str | None = None) -> RunView:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = await self._http.post("/v1/runs", headers=headers,
-                                         json=self._calls.submit_body(
-                                             input, pool, priority, max_attempts, budget,
-                                             tenant_id))
-        return RunView.from_json(self._calls.check(response), response.status_code == 201)
+        return await self._send(self._calls.submit(input, pool, priority, max_attempts, budget,
+                                                   idempotency_key, tenant_id))
 
     async def get(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(await self._call("GET", f"/v1/runs/{run_id}"))
+        return await self._send(self._calls.get(run_id))
 
     async def list(self, *, status: str | None = None, pool: str | None = None,
                    limit: int = 50, cursor: str | None = None) -> RunPage:
-        return self._calls.page(await self._call(
-            "GET", "/v1/runs", params=self._calls.list_params(status, pool, limit, cursor)))
+        return await self._send(self._calls.list(status, pool, limit, cursor))
 
     async def cancel(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/cancel"))
+        return await self._send(self._calls.cancel(run_id))
 
     async def steps(self, run_id: UUID | str, *, limit: int = 20,
                     cursor: str | None = None) -> StepPage:
         """A page of the run's committed steps, in step-key order."""
-        return self._calls.step_page(await self._call(
-            "GET", f"/v1/runs/{run_id}/steps", params=self._calls.steps_params(limit, cursor)))
+        return await self._send(self._calls.steps(run_id, limit, cursor))
 
     async def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
-        deadline, delay = time.monotonic() + timeout_s, 0.1
+        waiting = Waiting(run_id, timeout_s)
         while True:
             run = await self.get(run_id)
             if run.finished:
                 return run
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} still {run.status} after {timeout_s} s")
-            await asyncio.sleep(delay)
-            delay = min(2.0, delay * 1.5)
+            await asyncio.sleep(waiting.next_delay(run))
 
     async def events(self, run_id: UUID | str, *, after: int = 0,
                      max_reconnects: int | None = None,
                      read_timeout_s: float = 60.0) -> AsyncIterator[StreamEvent | RunEnded]:
         resume = Resume(run_id, after, max_reconnects)
         while True:
-            parser = SseParser()
             error: Exception | None = None
             try:
-                async with self._http.stream(
-                        "GET", f"/v1/runs/{run_id}/events",
-                        headers=self._calls.stream_headers(resume.after),
-                        timeout=httpx.Timeout(10.0, read=read_timeout_s)) as r:
+                async with self._http.stream(**self._calls.events(run_id, resume.after,
+                                                                  read_timeout_s)) as r:
                     if r.status_code >= 400:
                         await r.aread()
-                        self._calls.check(r)
+                        check(r)
                     async for line in r.aiter_lines():
-                        item = parser.feed(line)
-                        if item is not None:
+                        for item in resume.take(line):
                             yield item
-                            if resume.seen(item):
-                                return
+                        if resume.ended:
+                            return
             except (httpx.TransportError, ApiError) as exc:
                 error = exc
             await asyncio.sleep(resume.dropped(error))
 
     async def dead_letters(self, *, pool: str | None = None, limit: int = 50,
                            cursor: str | None = None) -> RunPage:
-        return self._calls.page(await self._call(
-            "GET", "/v1/dead-letters", params=self._calls.list_params(None, pool, limit, cursor)))
+        return await self._send(self._calls.dead_letters(pool, limit, cursor))
 
     async def redrive(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(await self._call("POST", f"/v1/runs/{run_id}/redrive"))
+        return await self._send(self._calls.redrive(run_id))

@@ -1,71 +1,171 @@
-"""Request building and answer reading, shared by both clients: only the
-I/O differs between Client and AsyncClient."""
+"""Each API call declared once, for both clients: its request (method, path,
+query, body, headers) and how its answer reads. Client and AsyncClient only
+send it; the polling of wait() and the reading of an event stream are shared
+here too, so only the I/O differs between them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import builtins
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from uuid import UUID
 
 import httpx
 
 from runlease.client.errors import ApiError, Conflict, NotFound, Unauthorized
 from runlease.client.views import RunPage, RunView, StepPage, StepView
 
+T = TypeVar("T")
+
+# How long a stream may wait to connect, and (by default) between two lines:
+# the API sends a keepalive comment well within it.
+STREAM_CONNECT_S = 10.0
+
+
+def check(response: httpx.Response) -> Any:
+    """The answer's JSON (None when empty), or its error raised as ApiError."""
+    if response.status_code < 400:
+        return response.json() if response.content else None
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        error = {"code": "http_error", "message": response.text[:500]}
+    kind = {404: NotFound, 401: Unauthorized, 409: Conflict}.get(response.status_code,
+                                                               ApiError)
+    raise kind(response.status_code, error.get("code", "error"),
+               error.get("message", ""), error.get("field"))
+
+
+def _run(response: httpx.Response) -> RunView:
+    return RunView.from_json(check(response), response.status_code == 201)
+
+
+def _runs(response: httpx.Response) -> RunPage:
+    data = check(response)
+    return RunPage([RunView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+
+
+def _steps(response: httpx.Response) -> StepPage:
+    data = check(response)
+    return StepPage([StepView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+
+
+def _page_params(limit: int, cursor: str | None, **filters: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"limit": limit, **{k: v for k, v in filters.items() if v}}
+    if cursor:
+        params["cursor"] = cursor
+    return params
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One request, and how its answer reads."""
+
+    method: str
+    path: str
+    read: Callable[[httpx.Response], T]
+    params: dict[str, Any] | None = None
+    json: Any = None
+    headers: dict[str, str] | None = None
+
+    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
+        return http.build_request(self.method, self.path, params=self.params, json=self.json,
+                                  headers=self.headers)
+
 
 class Calls:
-    """Request building and answer reading, shared by both clients."""
+    """The API's calls, built for one base URL and token."""
 
     def __init__(self, api_url: str, token: str | None) -> None:
         self.base = api_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
-    @staticmethod
-    def check(response: httpx.Response) -> Any:
-        if response.status_code < 400:
-            return response.json() if response.content else None
-        try:
-            error = response.json()["error"]
-        except (ValueError, KeyError, TypeError):
-            error = {"code": "http_error", "message": response.text[:500]}
-        kind = {404: NotFound, 401: Unauthorized, 409: Conflict}.get(response.status_code,
-                                                                   ApiError)
-        raise kind(response.status_code, error.get("code", "error"),
-                   error.get("message", ""), error.get("field"))
+    def http_options(self, timeout_s: float, transport: Any) -> dict[str, Any]:
+        """The arguments of the client's httpx.Client (or AsyncClient)."""
+        return {"base_url": self.base, "headers": self.headers, "timeout": timeout_s,
+                "transport": transport}
+
+    # -- runs -------------------------------------------------------------------------------
 
     @staticmethod
-    def submit_body(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
-                    max_attempts: int | None, budget: Mapping[str, Any] | None,
-                    tenant_id: str | None) -> dict[str, Any]:
+    def submit(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
+               max_attempts: int | None, budget: Mapping[str, Any] | None,
+               idempotency_key: str | None, tenant_id: str | None) -> Call[RunView]:
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id)):
             if value is not None:
                 body[key] = value
-        return body
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return Call("POST", "/v1/runs", _run, json=body, headers=headers)
 
     @staticmethod
-    def list_params(status: str | None, pool: str | None, limit: int,
-                    cursor: str | None) -> dict[str, Any]:
-        params: dict[str, Any] = {"limit": limit}
-        if status:
-            params["status"] = status
-        if pool:
-            params["pool"] = pool
-        if cursor:
-            params["cursor"] = cursor
-        return params
+    def get(run_id: UUID | str) -> Call[RunView]:
+        return Call("GET", f"/v1/runs/{run_id}", _run)
 
     @staticmethod
-    def page(data: Mapping[str, Any]) -> RunPage:
-        return RunPage([RunView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+    def list(status: str | None, pool: str | None, limit: int,
+             cursor: str | None) -> Call[RunPage]:
+        return Call("GET", "/v1/runs", _runs,
+                    params=_page_params(limit, cursor, status=status, pool=pool))
 
     @staticmethod
-    def steps_params(limit: int, cursor: str | None) -> dict[str, Any]:
-        return {"limit": limit, **({"cursor": cursor} if cursor else {})}
+    def cancel(run_id: UUID | str) -> Call[RunView]:
+        return Call("POST", f"/v1/runs/{run_id}/cancel", _run)
 
     @staticmethod
-    def step_page(data: Mapping[str, Any]) -> StepPage:
-        return StepPage([StepView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+    def steps(run_id: UUID | str, limit: int, cursor: str | None) -> Call[StepPage]:
+        return Call("GET", f"/v1/runs/{run_id}/steps", _steps,
+                    params=_page_params(limit, cursor))
 
-    def stream_headers(self, after: int) -> dict[str, str]:
-        return {**self.headers, "Accept": "text/event-stream", "Last-Event-ID": str(after)}
+    @staticmethod
+    def stream_token(run_id: UUID | str) -> Call[dict[str, Any]]:
+        return Call("POST", f"/v1/runs/{run_id}/stream-token", check)
+
+    def events(self, run_id: UUID | str, after: int, read_timeout_s: float) -> dict[str, Any]:
+        """The arguments of the stream request for the run's events after `after`."""
+        return {"method": "GET", "url": f"/v1/runs/{run_id}/events",
+                "headers": {**self.headers, "Accept": "text/event-stream",
+                            "Last-Event-ID": str(after)},
+                "timeout": httpx.Timeout(STREAM_CONNECT_S, read=read_timeout_s)}
+
+    # -- admin ------------------------------------------------------------------------------
+
+    @staticmethod
+    def dead_letters(pool: str | None, limit: int, cursor: str | None) -> Call[RunPage]:
+        return Call("GET", "/v1/dead-letters", _runs,
+                    params=_page_params(limit, cursor, pool=pool))
+
+    @staticmethod
+    def redrive(run_id: UUID | str) -> Call[RunView]:
+        return Call("POST", f"/v1/runs/{run_id}/redrive", _run)
+
+    @staticmethod
+    def pools() -> Call[builtins.list[dict[str, Any]]]:
+        return Call("GET", "/v1/pools", check)
+
+    @staticmethod
+    def pool(name: str) -> Call[dict[str, Any]]:
+        return Call("GET", f"/v1/pools/{name}", check)
+
+    @staticmethod
+    def upsert_pool(name: str, settings: Mapping[str, Any]) -> Call[dict[str, Any]]:
+        return Call("PUT", f"/v1/pools/{name}", check, json=dict(settings))
+
+
+class Waiting:
+    """wait()'s polling: until the run is finished, backing off to 2 s;
+    TimeoutError after timeout_s."""
+
+    def __init__(self, run_id: UUID | str, timeout_s: float) -> None:
+        self.run_id, self.timeout_s = run_id, timeout_s
+        self.deadline, self.delay = time.monotonic() + timeout_s, 0.1
+
+    def next_delay(self, run: RunView) -> float:
+        """The wait before the next poll of an unfinished run."""
+        if time.monotonic() > self.deadline:
+            raise TimeoutError(f"run {self.run_id} still {run.status} after {self.timeout_s} s")
+        delay, self.delay = self.delay, min(2.0, self.delay * 1.5)
+        return delay

@@ -1,13 +1,20 @@
-"""The errors an HTTP caller of the runlease API sees."""
+"""The errors an HTTP caller sees: one hierarchy for every API runlease calls.
+
+`ApiError` is what the runlease client raises for an error answer, and what
+the operator's Kubernetes layer (`runlease.operator.k8s`) raises for a failed
+call: the same type, so a caller catches one class whichever API it spoke to.
+"""
 
 from __future__ import annotations
 
 
 class ApiError(Exception):
-    """An error answer: `status`, and the body's code, message and field."""
+    """An error answer, or no answer: `status` (0 when none came back), and the
+    body's code, message and field (code "" when the API gives none)."""
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(f"{status} {code}: {message}")
+        super().__init__(f"{status} {code}: {message}" if code
+                         else f"{status}: {message}" if status else message)
         self.status, self.code, self.message, self.field = status, code, message, field
 
 

@@ -69,13 +69,20 @@ class Resume:
         self.max_reconnects = max_reconnects
         self.reconnects = 0
         self.delay = 0.2
+        self.ended = False
+        self._parser = SseParser()
 
-    def seen(self, item: StreamEvent | RunEnded) -> bool:
-        """Note an item handed out; True when it ends the stream."""
+    def take(self, line: str) -> tuple[StreamEvent | RunEnded, ...]:
+        """One line of the stream: the item it completes (none or one), noted
+        as handed out; `ended` once that is the RunEnded."""
+        item = self._parser.feed(line)
+        if item is None:
+            return ()
         if isinstance(item, StreamEvent):
             self.after = item.seq
             self.delay = 0.2
-        return isinstance(item, RunEnded)
+        self.ended = isinstance(item, RunEnded)
+        return (item,)
 
     def dropped(self, error: Exception | None) -> float:
         """The stream ended early (error None: the server closed it). Returns
@@ -83,6 +90,7 @@ class Resume:
         change, or when max_reconnects is spent."""
         if isinstance(error, ApiError) and error.status not in RETRY_STATUSES:
             raise error
+        self._parser = SseParser()  # the next connection starts a new event
         self.reconnects += 1
         if self.max_reconnects is not None and self.reconnects > self.max_reconnects:
             raise ConnectionError(

@@ -1,4 +1,4 @@
-"""The synchronous client."""
+"""The synchronous client: sends the calls `calls.py` declares."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from uuid import UUID
 
 import httpx
 
-from runlease.client.calls import Calls
+from runlease.client.calls import Call, Calls, T, Waiting, check
 from runlease.client.errors import ApiError
-from runlease.client.sse import Resume, RunEnded, SseParser, StreamEvent
+from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
 
 
@@ -22,8 +22,7 @@ class Client:
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self._calls = Calls(api_url, token)
-        self._http = httpx.Client(base_url=self._calls.base, headers=self._calls.headers,
-                                  timeout=timeout_s, transport=transport)
+        self._http = httpx.Client(**self._calls.http_options(timeout_s, transport))
 
     def __enter__(self) -> Self:
         return self
@@ -34,46 +33,39 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._calls.check(self._http.request(method, path, **kwargs))
+    def _send(self, call: Call[T]) -> T:
+        return call.read(self._http.send(call.request(self._http)))
 
     def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
                priority: int | None = None, max_attempts: int | None = None,
                budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
                tenant_id: str | None = None) -> RunView:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = self._http.post("/v1/runs", headers=headers, json=self._calls.submit_body(
-            input, pool, priority, max_attempts, budget, tenant_id))
-        return RunView.from_json(self._calls.check(response), response.status_code == 201)
+        return self._send(self._calls.submit(input, pool, priority, max_attempts, budget,
+                                             idempotency_key, tenant_id))
 
     def get(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(self._call("GET", f"/v1/runs/{run_id}"))
+        return self._send(self._calls.get(run_id))
 
     def list(self, *, status: str | None = None, pool: str | None = None, limit: int = 50,
              cursor: str | None = None) -> RunPage:
-        return self._calls.page(self._call("GET", "/v1/runs", params=self._calls.list_params(
-            status, pool, limit, cursor)))
+        return self._send(self._calls.list(status, pool, limit, cursor))
 
     def cancel(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(self._call("POST", f"/v1/runs/{run_id}/cancel"))
+        return self._send(self._calls.cancel(run_id))
 
     def steps(self, run_id: UUID | str, *, limit: int = 20,
               cursor: str | None = None) -> StepPage:
         """A page of the run's committed steps, in step-key order."""
-        return self._calls.step_page(self._call("GET", f"/v1/runs/{run_id}/steps",
-                                                params=self._calls.steps_params(limit, cursor)))
+        return self._send(self._calls.steps(run_id, limit, cursor))
 
     def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         """Poll until the run is finished (done, dead or cancelled)."""
-        deadline, delay = time.monotonic() + timeout_s, 0.1
+        waiting = Waiting(run_id, timeout_s)
         while True:
             run = self.get(run_id)
             if run.finished:
                 return run
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} still {run.status} after {timeout_s} s")
-            time.sleep(delay)
-            delay = min(2.0, delay * 1.5)
+            time.sleep(waiting.next_delay(run))
 
     def events(self, run_id: UUID | str, *, after: int = 0, max_reconnects: int | None = None,
                read_timeout_s: float = 60.0) -> Iterator[StreamEvent | RunEnded]:
@@ -82,44 +74,39 @@ class Client:
         after RunEnded."""
         resume = Resume(run_id, after, max_reconnects)
         while True:
-            parser = SseParser()
             error: Exception | None = None
             try:
-                with self._http.stream("GET", f"/v1/runs/{run_id}/events",
-                                       headers=self._calls.stream_headers(resume.after),
-                                       timeout=httpx.Timeout(10.0, read=read_timeout_s)) as r:
+                with self._http.stream(**self._calls.events(run_id, resume.after,
+                                                            read_timeout_s)) as r:
                     if r.status_code >= 400:
                         r.read()
-                        self._calls.check(r)
+                        check(r)
                     for line in r.iter_lines():
-                        item = parser.feed(line)
-                        if item is not None:
-                            yield item
-                            if resume.seen(item):
-                                return
+                        yield from resume.take(line)
+                        if resume.ended:
+                            return
             except (httpx.TransportError, ApiError) as exc:
                 error = exc
             time.sleep(resume.dropped(error))
 
     def stream_token(self, run_id: UUID | str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/runs/{run_id}/stream-token")  # type: ignore[no-any-return]
+        return self._send(self._calls.stream_token(run_id))
 
     # -- admin ----------------------------------------------------------------------------
 
     def dead_letters(self, *, pool: str | None = None, limit: int = 50,
                      cursor: str | None = None) -> RunPage:
-        return self._calls.page(self._call("GET", "/v1/dead-letters", params=self._calls
-                                           .list_params(None, pool, limit, cursor)))
+        return self._send(self._calls.dead_letters(pool, limit, cursor))
 
     def redrive(self, run_id: UUID | str) -> RunView:
-        return RunView.from_json(self._call("POST", f"/v1/runs/{run_id}/redrive"))
+        return self._send(self._calls.redrive(run_id))
 
     def pools(self) -> builtins.list[dict[str, Any]]:
-        return self._call("GET", "/v1/pools")  # type: ignore[no-any-return]
+        return self._send(self._calls.pools())
 
     def pool(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/pools/{name}")  # type: ignore[no-any-return]
+        return self._send(self._calls.pool(name))
 
     def upsert_pool(self, name: str, **settings: Any) -> dict[str, Any]:
         """PUT the pool: settings left out take their defaults (see pool())."""
-        return self._call("PUT", f"/v1/pools/{name}", json=settings)  # type: ignore[no-any-return]
+        return self._send(self._calls.upsert_pool(name, settings))

@@ -239,8 +239,8 @@ class Budget:
 
     @classmethod
     def parse(cls, value: object) -> Budget:
-        if value is None:
-            return cls()
+        if value is None or value == {}:  # most runs: no budget (a worker parses one per run)
+            return _NO_BUDGET
         if not isinstance(value, Mapping):
             raise ValidationError("budget", f"must be a JSON object, got {type(value).__name__}")
         unknown = sorted(set(value) - set(cls.FIELDS))
@@ -264,3 +264,6 @@ class Budget:
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
+
+
+_NO_BUDGET = Budget()

@@ -11,7 +11,8 @@ from __future__ import annotations
 POOL_CHANNEL_PREFIX = "runlease_pool_"
 # request_cancel notifies the run id of a leased run.
 CANCEL_CHANNEL = "runlease_cancel"
-# Every recorded event notifies "<run id>:<last seq>".
+# Every recorded event, and every transition that writes a lifecycle event or
+# ends a run, notifies "<run id>:<last seq>" (the API's event fan-out).
 EVENTS_CHANNEL = "runlease_events"
 
 

@@ -1,9 +1,9 @@
-"""Connections and pools, configured one way everywhere.
+"""Connections and connection pools, configured one way everywhere.
 
 Pooled connections are autocommit: each named statement is its own short
 transaction unless a caller opens one. `prepare=False` turns server-side
 prepared statements off for PgBouncer in transaction mode (older PgBouncer
-cannot route them); LISTEN never goes through these pools.
+cannot route them); LISTEN never goes through these connection pools.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def _has_input(conn: Conn) -> bool:
 
 
 class _CheckOnCheckout:
-    """The pool's `check` callback: a connection is handed out only if it is
+    """The connection pool's `check` callback: a connection is handed out only if it is
     alive, so the first request after a database restart does not get a
     connection the old server closed (a 503 with nothing wrong any more).
 
@@ -69,7 +69,7 @@ class _CheckOnCheckout:
     """
 
     def __init__(self) -> None:
-        self.pool: AsyncConnectionPool[Conn] | None = None
+        self.conn_pool: AsyncConnectionPool[Conn] | None = None
 
     async def __call__(self, conn: Conn) -> None:
         if conn.closed or conn.broken:
@@ -79,14 +79,14 @@ class _CheckOnCheckout:
         try:
             await AsyncConnectionPool.check_connection(conn)
         except OperationalError as exc:
-            log.warning("pool_connection_dead pool=%s error=%s", getattr(self.pool, "name", "?"),
-                        str(exc).strip())
-            if self.pool is not None:
-                await self.pool.check()
+            log.warning("pooled_connection_dead conn_pool=%s error=%s",
+                        getattr(self.conn_pool, "name", "?"), str(exc).strip())
+            if self.conn_pool is not None:
+                await self.conn_pool.check()
             raise
 
 
-def make_pool(
+def make_conn_pool(
     url: str,
     *,
     min_size: int = 1,
@@ -95,10 +95,11 @@ def make_pool(
     application_name: str = "runlease",
     timeout_s: float = 10.0,
 ) -> AsyncConnectionPool[Conn]:
-    """A pool that is not open yet: `await pool.open()` (or `async with pool`).
+    """A connection pool that is not open yet: `await conn_pool.open()` (or
+    `async with conn_pool`).
     Connections are checked on checkout (`_CheckOnCheckout`)."""
     check = _CheckOnCheckout()
-    pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+    conn_pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
@@ -108,8 +109,8 @@ def make_pool(
         name=application_name,
         check=check,
     )
-    check.pool = pool
-    return pool
+    check.conn_pool = conn_pool
+    return conn_pool
 
 
 async def connect(

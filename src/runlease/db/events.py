@@ -4,16 +4,33 @@ sql/run_steps.sql): written fenced by the worker, read by the API."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 from runlease.core import bounds
+from runlease.core.states import TERMINAL, RunStatus
 from runlease.db.channels import EVENTS_CHANNEL
 from runlease.db.executor import Conn, Executor
-from runlease.db.models import Event, Lease, Step
+from runlease.db.models import Event, Lease, Run, Step
 from runlease.errors import ValidationError
 
 MAX_STEPS_PAGE = 500
+MAX_FANOUT_RUNS = 1000  # runs in one fan-out read
+MAX_FANOUT_ROWS = 5000  # about the most event rows one fan-out read returns
+
+
+@dataclass(slots=True)
+class RunNews:
+    """What one fan-out read found for one run: its new events (at most the
+    read's per-run limit) and its status in the same snapshot."""
+
+    status: RunStatus
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
 
 
 class EventStore(Executor):
@@ -86,3 +103,31 @@ class EventStore(Executor):
             "run_events_after", {"id": run_id, "after": after, "limit": limit}, conn
         )
         return [Event.from_row(r) for r in rows]
+
+    async def events_fanout(
+        self, after: Mapping[UUID, int], *, conn: Conn | None = None
+    ) -> tuple[dict[UUID, RunNews], int]:
+        """New events of many runs in one statement, each run after its own
+        seq; returns what each run has (a run missing from it is gone), and
+        the per-run limit used: a run that got that many has more."""
+        if not 1 <= len(after) <= MAX_FANOUT_RUNS:
+            raise ValidationError("runs", f"must be between 1 and {MAX_FANOUT_RUNS}")
+        # Bounded as a whole: a thousand runs with a backlog each must not
+        # come back as one huge result; a run cut short is read again.
+        limit = max(10, min(500, MAX_FANOUT_ROWS // len(after)))
+        rows = await self._tuples("run_events_fanout", {
+            "ids": list(after), "afters": list(after.values()), "limit": limit}, conn)
+        news: dict[UUID, RunNews] = {}
+        for run_id, status, seq, kind, data, created_at in rows:
+            item = news.get(run_id)
+            if item is None:
+                item = news[run_id] = RunNews(RunStatus(status))
+            if seq is not None:
+                item.events.append(Event(run_id, seq, kind, data, created_at))
+        return news, limit
+
+    async def runs_ended(self, ids: Sequence[UUID], *, conn: Conn | None = None
+                         ) -> dict[UUID, Run]:
+        """The rows of runs the fan-out saw finish, in one statement."""
+        rows = await self._rows("run_events_ended", {"ids": list(ids)}, conn)
+        return {r["id"]: Run.from_row(r) for r in rows}

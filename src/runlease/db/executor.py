@@ -20,8 +20,9 @@ from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core import bounds
 from runlease.core.redact import DEFAULT_REDACTOR, Redactor
-from runlease.db.channels import POOL_CHANNEL_PREFIX
+from runlease.db.channels import EVENTS_CHANNEL, POOL_CHANNEL_PREFIX
 from runlease.db.models import Lease
+from runlease.db.pooler import PREPARED_HINT, prepared_failure
 from runlease.db.queries import sql
 from runlease.errors import DatabaseUnavailable, LeaseLost, RunleaseError
 
@@ -38,14 +39,14 @@ class Executor:
 
     def __init__(
         self,
-        pool: AsyncConnectionPool[Conn],
+        conn_pool: AsyncConnectionPool[Conn],
         *,
         clock: Clock | None = None,
         redactor: Redactor = DEFAULT_REDACTOR,
         max_input_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
         max_result_bytes: int = bounds.DEFAULT_MAX_INPUT_BYTES,
     ) -> None:
-        self.pool = pool
+        self.conn_pool = conn_pool
         self.clock: Clock = clock or SystemClock()
         self.redactor = redactor
         self.max_input_bytes = max_input_bytes
@@ -53,24 +54,30 @@ class Executor:
 
     @asynccontextmanager
     async def connection(self, conn: Conn | None = None) -> AsyncIterator[Conn]:
-        """The given connection, or one from the pool; errors translated."""
+        """The given connection, or one from the connection pool; errors translated."""
         try:
             if conn is not None:
                 yield conn
             else:
-                async with self.pool.connection() as pooled:
+                async with self.conn_pool.connection() as pooled:
                     yield pooled
         except PoolTimeout as exc:
             raise DatabaseUnavailable(f"no database connection available: {exc}") from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
         except psycopg.Error as exc:
+            if prepared_failure(exc):
+                raise RunleaseError(f"database error: {str(exc).strip()}: {PREPARED_HINT}") \
+                    from exc
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise DatabaseUnavailable(str(exc).strip() or type(exc).__name__) from exc
             raise RunleaseError(f"database error: {str(exc).strip()}") from exc
 
     async def _rows(
         self, name: str, params: dict[str, Any], conn: Conn | None = None
     ) -> list[DictRow]:
         params.setdefault("now", self.clock.db_now())
+        # Every transition that writes an event or ends a run notifies its
+        # followers on this channel (a key a statement does not use is ignored).
+        params.setdefault("events_channel", EVENTS_CHANNEL)
         async with self.connection(conn) as c, c.cursor() as cur:
             await cur.execute(sql(name), params)
             return await cur.fetchall() if cur.description is not None else []
@@ -80,6 +87,7 @@ class Executor:
     ) -> list[tuple[Any, ...]]:
         """Like _rows, as plain tuples: for a hot path that builds its objects by position."""
         params.setdefault("now", self.clock.db_now())
+        params.setdefault("events_channel", EVENTS_CHANNEL)
         async with self.connection(conn) as c, c.cursor(row_factory=tuple_row) as cur:
             await cur.execute(sql(name), params)
             return await cur.fetchall()

@@ -15,8 +15,9 @@ from uuid import UUID
 from runlease.core import bounds
 from runlease.core.states import RunStatus
 from runlease.db.channels import POOL_CHANNEL_PREFIX
-from runlease.db.executor import Conn, Executor, stale_writes
+from runlease.db.executor import Conn, stale_writes
 from runlease.db.models import HeartbeatResult, Lease, Run
+from runlease.db.workers import Registration, WorkerStore
 from runlease.errors import LeaseLost, ValidationError
 
 
@@ -40,7 +41,7 @@ class Rendered:
     text: str | None
 
 
-class LeaseStore(Executor):
+class LeaseStore(WorkerStore):
     """A worker's writes to the runs it holds, each fenced by its lease."""
 
     def _error(self, code: str, message: str) -> tuple[str, str]:
@@ -90,19 +91,27 @@ class LeaseStore(Executor):
         leases: Iterable[tuple[UUID, int]],
         *,
         lease_s: int | None = None,
+        registry: Registration | None = None,
         conn: Conn | None = None,
     ) -> HeartbeatResult:
-        """Renew all of one worker's leases in one statement."""
+        """Renew all of one worker's leases in one statement; with `registry`,
+        the worker's registry row too (same statement). With no lease, only
+        the registry row is renewed (if given)."""
         pairs = list(leases)
         if not pairs:
+            if registry is not None:
+                await self.worker_beat(registry, lease_s=lease_s, conn=conn)
             return HeartbeatResult()
-        rows = await self._rows("run_heartbeat", _held(worker, pairs) | {"lease_s": lease_s},
-                                conn)
-        held = {r["id"]: r["locked_until"] for r in rows}
+        extra = ({"pool": None, "version": None, "concurrency": None} if registry is None
+                 else registry.params())
+        (row,) = await self._rows(
+            "run_heartbeat", _held(worker, pairs) | extra | {"lease_s": lease_s}, conn)
+        lost = frozenset(row["lost"] or ())
+        until = row["locked_until"]
         return HeartbeatResult(
-            held=held,
-            cancel_requested=frozenset(r["id"] for r in rows if r["cancel_requested"]),
-            lost=frozenset(p[0] for p in pairs if p[0] not in held),
+            held={p[0]: until for p in pairs if p[0] not in lost},
+            cancel_requested=frozenset(row["cancel_requested"] or ()),
+            lost=lost,
         )
 
     async def ack(self, lease: Lease, result: Any = None, *, conn: Conn | None = None) -> None:

@@ -30,6 +30,16 @@ def _pick(cls: type[Any], row: dict[str, Any]) -> dict[str, Any]:
     return {name: row[name] for name in _names(cls) if name in row}
 
 
+class FromRow:
+    """`from_row` for a dataclass whose fields are all columns of the row."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        return cls(**_pick(cls, row))
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     id: UUID
@@ -109,30 +119,22 @@ class ReapResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class Event(FromRow):
     run_id: UUID
     seq: int
     kind: str
     data: dict[str, Any]
     created_at: datetime
 
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Self:
-        return cls(**_pick(cls, row))
-
 
 @dataclass(frozen=True, slots=True)
-class Step:
+class Step(FromRow):
     run_id: UUID
     step_key: str
     result: Any
     lease_epoch: int
     attempt: int
     created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Self:
-        return cls(**_pick(cls, row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +165,7 @@ class Pool:
 
 
 @dataclass(frozen=True, slots=True)
-class TenantLimit:
+class TenantLimit(FromRow):
     """One tenant's settings in a pool; None means "not set".
 
     max_in_flight: cap on its runs leased at once (None: the pool's
@@ -174,7 +176,3 @@ class TenantLimit:
     max_in_flight: int | None = None
     priority_min: int | None = None
     priority_max: int | None = None
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Self:
-        return cls(**_pick(cls, row))

@@ -11,6 +11,7 @@ each concern, each beside its statements in `sql/`:
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
     console.py    the web console's reads       (console.sql)
+    workers.py    the workers registry          (workers.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -28,6 +29,7 @@ from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
+from runlease.db.workers import Registration, WorkerRow, WorkerStore
 
 __all__ = [
     "MAX_BATCH",
@@ -36,12 +38,14 @@ __all__ = [
     "Conn",
     "NewRun",
     "QueueStats",
+    "Registration",
     "Rendered",
     "RunStore",
+    "WorkerRow",
     "stale_writes",
 ]
 
 
 class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore,
-               ConsoleStore):
+               ConsoleStore, WorkerStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -90,6 +90,7 @@ def worker_env(spec: PoolSpec) -> list[k.V1EnvVar]:
         k.V1EnvVar(name="RUNLEASE_DATABASE_URL", value_from=k.V1EnvVarSource(
             secret_key_ref=k.V1SecretKeySelector(name=spec.database_secret,
                                                  key=spec.database_key))),
+        *database_extras(spec),
         value("RUNLEASE_POOL", spec.pool),
         value("RUNLEASE_AGENT", spec.agent),
         value("RUNLEASE_CONCURRENCY", spec.concurrency_per_worker),
@@ -102,6 +103,18 @@ def worker_env(spec: PoolSpec) -> list[k.V1EnvVar]:
         value("TMPDIR", TMP_DIR),
         *(k.V1EnvVar.model_validate(e) for e in spec.env),
     ]
+
+
+def database_extras(spec: PoolSpec) -> list[k.V1EnvVar]:
+    """Behind PgBouncer in transaction mode: LISTEN on the direct URL's Secret,
+    prepared statements off. Nothing when the spec leaves both at their defaults."""
+    extras = []
+    if spec.listen_secret is not None:
+        extras.append(k.V1EnvVar(name="RUNLEASE_LISTEN_DATABASE_URL", value_from=k.V1EnvVarSource(
+            secret_key_ref=k.V1SecretKeySelector(name=spec.listen_secret, key=spec.listen_key))))
+    if not spec.prepared_statements:
+        extras.append(k.V1EnvVar(name="RUNLEASE_PREPARED_STATEMENTS", value="false"))
+    return extras
 
 
 def worker_security_context() -> k.V1SecurityContext:

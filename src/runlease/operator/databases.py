@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from psycopg.conninfo import conninfo_to_dict
 
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.store import RunStore
 from runlease.operator.k8s import Kubernetes
 from runlease.operator.spec import PoolSpec
@@ -45,15 +45,20 @@ class Databases:
 
     async def start(self) -> None:
         if self.settings.database_url:
-            await self.for_url(self.settings.database_url)
+            await self.for_url(self.settings.database_url,
+                               prepare=self.settings.prepared_statements)
 
-    async def for_url(self, url: str) -> Database:
+    async def for_url(self, url: str, *, prepare: bool = True) -> Database:
+        """The URL's database; `prepare` (server-side prepared statements) is
+        what the first caller asked for: off for a URL through PgBouncer in
+        transaction mode."""
         found = self._by_url.get(url)
         if found is not None:
             return found
-        pool = make_pool(url, min_size=1, max_size=5, application_name="runlease-operator")
-        await pool.open(wait=False)
-        store = RunStore(pool)
+        conn_pool = make_conn_pool(url, min_size=1, max_size=5,
+                                   application_name="runlease-operator", prepare=prepare)
+        await conn_pool.open(wait=False)
+        store = RunStore(conn_pool)
         s = self.settings
         elector = reaper = None
         if s.reaper:
@@ -74,7 +79,8 @@ class Databases:
         if not encoded:
             raise SecretMissing(f"spec.database.secretKeyRef: Secret {spec.database_secret!r} "
                                 f"has no key {spec.database_key!r}")
-        return await self.for_url(base64.b64decode(encoded).decode())
+        return await self.for_url(base64.b64decode(encoded).decode(),
+                                  prepare=spec.prepared_statements)
 
     @property
     def count(self) -> int:
@@ -102,7 +108,7 @@ class Databases:
             for service in (db.reaper, db.elector):
                 if service is not None:
                     await service.stop(2)
-            await db.store.pool.close()
+            await db.store.conn_pool.close()
         self._by_url.clear()
 
 

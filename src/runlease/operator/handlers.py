@@ -26,13 +26,14 @@ import kopf
 from kubernetes.config import ConfigException
 
 from runlease import metrics
+from runlease.client.errors import ApiError
 from runlease.db.models import Pool
 from runlease.errors import RunleaseError
 from runlease.operator import build, ownership, pool_pass
 from runlease.operator import status as st
 from runlease.operator.databases import Databases, SecretMissing
 from runlease.operator.health import Health
-from runlease.operator.k8s import ApiError, Kubernetes, connection_info, load_configuration
+from runlease.operator.k8s import Kubernetes, connection_info, load_configuration
 from runlease.operator.ownership import PoolTaken
 from runlease.operator.spec import InvalidSpec, PoolSpec, parse
 from runlease.services.http import ProbeServer

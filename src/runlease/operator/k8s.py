@@ -29,6 +29,7 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel
 
+from runlease.client.errors import ApiError
 from runlease.operator.build import GROUP, VERSION, serialize
 
 T = TypeVar("T")
@@ -111,14 +112,6 @@ def connection_info(configuration: k.Configuration) -> kopf.ConnectionInfo:
     )
 
 
-class ApiError(Exception):
-    """An API call failed: `status` is the HTTP status, 0 when none came back."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-
-
 class Kubernetes:
     def __init__(self, configuration: k.Configuration, *, timeout_s: float = TIMEOUT_S,
                  threads: int = THREADS) -> None:
@@ -157,9 +150,9 @@ class Kubernetes:
                 CONNECT_TIMEOUT_S + self.timeout_s * 2)
         except ApiException as exc:
             body = exc.body.decode() if isinstance(exc.body, bytes) else str(exc.body or "")
-            raise ApiError(exc.status or 0, f"{name}: {exc.reason}: {body[:300]}") from exc
+            raise ApiError(exc.status or 0, "", f"{name}: {exc.reason}: {body[:300]}") from exc
         except (urllib3.exceptions.HTTPError, OSError, TimeoutError) as exc:
-            raise ApiError(0, f"{name}: {type(exc).__name__}: {exc}") from exc
+            raise ApiError(0, "", f"{name}: {type(exc).__name__}: {exc}") from exc
 
     async def _read(self, method: Callable[..., Any], *args: Any) -> Any:
         """A read; None when the object does not exist."""

@@ -24,7 +24,8 @@ SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 
 _SUBDOMAIN = re.compile(SUBDOMAIN_PATTERN)
 _LABEL = re.compile(LABEL_PATTERN)
-_SECRET_KEY = re.compile(SECRET_KEY_PATTERN)
+# The same, but not "." or ".." (which the pattern allows).
+_SECRET_KEY = re.compile(r"^(?!\.\.?$)" + SECRET_KEY_PATTERN.removeprefix("^"))
 
 
 class InvalidName(ValueError):
@@ -36,39 +37,31 @@ def _describe(value: object) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
-def subdomain(value: object) -> str:
-    """A DNS-1123 subdomain (most object names: Secrets, service accounts)."""
-    if not isinstance(value, str) or not value:
-        raise InvalidName(f"must be a non-empty string, got {_describe(value)}")
-    if len(value) > SUBDOMAIN_MAX_CHARS:
-        raise InvalidName(f"must be at most {SUBDOMAIN_MAX_CHARS} characters, "
-                          f"got {len(value)}")
-    if not _SUBDOMAIN.match(value):
-        raise InvalidName(f"must be a DNS-1123 subdomain (lower-case letters, digits, '-' "
-                          f"and '.'; no '/'), got {_describe(value)}")
-    return value
-
-
-def label(value: object, max_chars: int = LABEL_MAX_CHARS) -> str:
-    """A DNS-1123 label (a name that also becomes label values)."""
+def _checked(value: object, max_chars: int, pattern: re.Pattern[str], shape: str) -> str:
+    """`value` if it is a non-empty string of at most max_chars that matches
+    `pattern`; else InvalidName saying it `must be <shape>`."""
     if not isinstance(value, str) or not value:
         raise InvalidName(f"must be a non-empty string, got {_describe(value)}")
     if len(value) > max_chars:
         raise InvalidName(f"must be at most {max_chars} characters, got {len(value)}")
-    if not _LABEL.match(value):
-        raise InvalidName(f"must be a DNS-1123 label (lower-case letters, digits and '-'), "
-                          f"got {_describe(value)}")
+    if not pattern.match(value):
+        raise InvalidName(f"must be {shape}, got {_describe(value)}")
     return value
+
+
+def subdomain(value: object) -> str:
+    """A DNS-1123 subdomain (most object names: Secrets, service accounts)."""
+    return _checked(value, SUBDOMAIN_MAX_CHARS, _SUBDOMAIN,
+                    "a DNS-1123 subdomain (lower-case letters, digits, '-' and '.'; no '/')")
+
+
+def label(value: object, max_chars: int = LABEL_MAX_CHARS) -> str:
+    """A DNS-1123 label (a name that also becomes label values)."""
+    return _checked(value, max_chars, _LABEL,
+                    "a DNS-1123 label (lower-case letters, digits and '-')")
 
 
 def secret_key(value: object) -> str:
     """A key of a Secret's data."""
-    if not isinstance(value, str) or not value:
-        raise InvalidName(f"must be a non-empty string, got {_describe(value)}")
-    if len(value) > SUBDOMAIN_MAX_CHARS:
-        raise InvalidName(f"must be at most {SUBDOMAIN_MAX_CHARS} characters, "
-                          f"got {len(value)}")
-    if value in (".", "..") or not _SECRET_KEY.match(value):
-        raise InvalidName(f"must be letters, digits, '-', '_' or '.' (not '.' or '..'), "
-                          f"got {_describe(value)}")
-    return value
+    return _checked(value, SUBDOMAIN_MAX_CHARS, _SECRET_KEY,
+                    "letters, digits, '-', '_' or '.' (not '.' or '..')")

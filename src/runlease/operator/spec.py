@@ -42,6 +42,11 @@ class PoolSpec:
     agent: str
     database_secret: str
     database_key: str = "url"
+    # Behind PgBouncer in transaction mode: the LISTEN session's direct URL
+    # (a Secret and key), and prepared statements off.
+    listen_secret: str | None = None
+    listen_key: str = "url"
+    prepared_statements: bool = True
     image_pull_policy: str = "IfNotPresent"
     concurrency_per_worker: int = 10
     replicas_min: int = 1
@@ -141,6 +146,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     secret_name = _named("spec.database.secretKeyRef.name", names.subdomain, secret["name"])
     secret_key = _named("spec.database.secretKeyRef.key", names.secret_key,
                         secret.get("key", "url"))
+    listen_secret, listen_key = _listen_secret(_mapping(spec, "database"))
     policy = spec.get("imagePullPolicy", "IfNotPresent")
     if policy not in PULL_POLICIES:
         raise InvalidSpec(f"spec.imagePullPolicy must be one of {', '.join(PULL_POLICIES)}")
@@ -148,6 +154,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     parsed = PoolSpec(
         name=name, namespace=namespace, pool=pool, image=image, agent=agent,
         database_secret=secret_name, database_key=secret_key,
+        listen_secret=listen_secret, listen_key=listen_key,
+        prepared_statements=_database_bool(_mapping(spec, "database"), "preparedStatements"),
         image_pull_policy=policy,
         concurrency_per_worker=_int(spec, "concurrencyPerWorker", 10, 1, 1000),
         replicas_min=_int(spec, "replicas.min", 1, 0, 1000),
@@ -234,6 +242,24 @@ def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:
             raise InvalidSpec(f"{where}.{exc.field}: {exc.message}") from None
         overrides[tenant] = TenantLimit(limit, lo, hi)
     return overrides
+
+
+def _listen_secret(database: Mapping[str, Any]) -> tuple[str | None, str]:
+    ref = database.get("listenSecretKeyRef")
+    if ref is None:
+        return None, "url"
+    if not isinstance(ref, Mapping) or ref.get("name") is None:
+        raise InvalidSpec("spec.database.listenSecretKeyRef.name is required")
+    return (_named("spec.database.listenSecretKeyRef.name", names.subdomain, ref["name"]),
+            _named("spec.database.listenSecretKeyRef.key", names.secret_key,
+                   ref.get("key", "url")))
+
+
+def _database_bool(database: Mapping[str, Any], key: str) -> bool:
+    value = database.get(key, True)
+    if not isinstance(value, bool):
+        raise InvalidSpec(f"spec.database.{key} must be true or false, got {value!r}")
+    return value
 
 
 def _named(where: str, check: Callable[[object], str], value: object) -> str:

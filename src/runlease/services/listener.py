@@ -2,7 +2,9 @@
 
 NOTIFY is not durable, and a LISTEN session misses everything while it is
 down; so after every (re)connect `on_connect` runs, letting its owner poll
-for what it may have missed. Payloads are ids only; the table is the truth.
+for what it may have missed, and `on_disconnect` when the session is lost
+(an owner that polls only while it is down). Payloads are ids only; the
+table is the truth.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Listener(Service):
         handlers: Mapping[str, Handler],
         *,
         on_connect: Callable[[], None] | None = None,
+        on_disconnect: Callable[[], None] | None = None,
         backoff_max_s: float = 5.0,
         probe_s: float = 5.0,
         application_name: str = "runlease-listen",
@@ -40,6 +43,7 @@ class Listener(Service):
         self.url = url
         self.handlers = dict(handlers)
         self.on_connect = on_connect
+        self.on_disconnect = on_disconnect
         self.backoff_max_s = backoff_max_s
         self.probe_s = probe_s
         self.application_name = application_name
@@ -54,9 +58,13 @@ class Listener(Service):
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     delay = 0.05
                     log.info("listener_connected channels=%s", ",".join(self.handlers))
-                    if self.on_connect:
-                        self.on_connect()
-                    await self._dispatch(conn)
+                    try:
+                        if self.on_connect:
+                            self.on_connect()
+                        await self._dispatch(conn)
+                    finally:
+                        if self.on_disconnect:
+                            self.on_disconnect()
             except asyncio.CancelledError:
                 raise
             except psycopg.Error as exc:

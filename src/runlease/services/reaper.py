@@ -1,4 +1,11 @@
-"""The reaper: expired leases back to the queue, and retention.
+"""The reaper: expired leases back to the queue, retention, and the workers
+registry's stale rows.
+
+Reaping reads the leases of workers whose registry row expired (or that
+have none), not every lease; a lease that expired while its worker lives
+(a run the worker stopped renewing) is found by a slow sweep: every
+`sweep_every` passes, one window of `sweep_rows` leases, the cursor moving
+on each time. Each pass is bounded whatever the number of live leases.
 
 Retention follows each pool's own retention_s (agent_run_pools), so whichever
 process wins the election deletes by the same windows: the pool row is the
@@ -12,6 +19,7 @@ leadership changes hands costs nothing but work.
 from __future__ import annotations
 
 import logging
+from uuid import UUID
 
 from runlease import metrics
 from runlease.db.store import RunStore
@@ -32,23 +40,41 @@ class Reaper(PeriodicService):
         interval_s: float = 5.0,
         batch: int = 1000,
         max_batches: int = 20,
+        sweep_every: int = 2,
+        sweep_rows: int = 2000,
+        forget_workers_after_s: float = 600.0,
     ) -> None:
         super().__init__(interval_s)
         self.store = store
         self.elector = elector
         self.batch = batch
         self.max_batches = max_batches
+        self.sweep_every = sweep_every
+        self.sweep_rows = sweep_rows
+        self.forget_workers_after_s = forget_workers_after_s
+        self._passes = 0
+        self._sweep_after: tuple[str, UUID] | None = None
 
     async def run_once(self) -> None:
         if not self.elector.is_leader:
             return
         await self.reap()
         await self.retain()
+        await self.forget_workers()
+
+    async def sweep(self) -> list[UUID]:
+        """One window of the slow sweep: the expired leases in it."""
+        expired, self._sweep_after = await self.store.sweep_leases(
+            self._sweep_after, rows=self.sweep_rows)
+        return expired
 
     async def reap(self) -> int:
+        self._passes += 1
+        also = await self.sweep() if (self._passes - 1) % self.sweep_every == 0 else []
         total = 0
         for _ in range(self.max_batches):
-            result = await self.store.reap(batch=self.batch)
+            result = await self.store.reap(batch=self.batch, also=also)
+            also = []
             for run_id, pool, tenant, status in result.reaped:
                 metrics.REAPED.labels(pool, status).inc()
                 log.warning("run_reaped run_id=%s pool=%s tenant=%s to=%s", run_id, pool,
@@ -57,6 +83,14 @@ class Reaper(PeriodicService):
             if result.total < self.batch:
                 break
         return total
+
+    async def forget_workers(self) -> int:
+        """Delete registry rows of workers gone for a while (the console stops
+        listing them; runs they still hold are reaped all the same)."""
+        gone = await self.store.delete_stale_workers(self.forget_workers_after_s)
+        for worker, pool in gone:
+            log.info("worker_forgotten worker=%s pool=%s", worker, pool)
+        return len(gone)
 
     async def retain(self) -> int:
         """Delete finished runs past their pool's retention, in bounded batches."""

@@ -47,8 +47,8 @@ class ApiSettings:
                                    minimum=2, maximum=16 * 1024 * 1024)
     sse_keepalive_s: float = setting(15.0, "Seconds between keepalive comments on an idle "
                                            "event stream.", minimum=0.1)
-    sse_poll_s: float = setting(1.0, "Event streams also poll this often, in case a "
-                                     "NOTIFY is lost.", minimum=0.05)
+    sse_poll_s: float = setting(1.0, "While the LISTEN session is down, event streams "
+                                     "poll this often (all runs in one read).", minimum=0.05)
     sse_max_streams_per_tenant: int = setting(
         200, "Event streams one tenant may hold open on one API process; a stream past it "
              "is refused with 429, so one tenant cannot take the process's streams from "

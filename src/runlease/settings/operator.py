@@ -16,6 +16,10 @@ class OperatorSettings(ReaperSettings):
     database_url: str | None = setting(
         None, "PostgreSQL URL the operator's reaper serves; pools name their own database "
               "through a Secret.", env=("DATABASE_URL",))
+    prepared_statements: bool = setting(
+        True, "Server-side prepared statements on database_url's connections; turn off "
+              "behind PgBouncer in transaction mode (a pool's own database follows its "
+              "spec.database.preparedStatements).")
     namespaces: tuple[str, ...] = setting(
         (), "Namespaces to watch (comma-separated); see --all-namespaces.")
     all_namespaces: bool = setting(False, "Watch every namespace (cluster-wide).")

@@ -3,19 +3,26 @@
 A model API streaming tokens can hold a response open for minutes; a Stop
 must close it, not wait for it. Requests and streams made through this
 helper race the run's cancel token: when it is set, the response is closed
-and the agent sees RunCancelled.
+and the agent sees RunCancelled. `race` and `closes` do the same for a
+request made by any other client (an SDK's): the wait for its answer, and
+the reading of its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 
 from runlease.worker.errors import RunCancelled
+
+T = TypeVar("T")
+
+# What reading a response raises once it was closed under it.
+_CLOSED_UNDER_IT = (httpx.StreamClosed, httpx.ReadError, httpx.RemoteProtocolError)
 
 
 class CancellableHttp:
@@ -33,9 +40,14 @@ class CancellableHttp:
         return self._client
 
     async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return await self.race(self.client.request(method, url, **kwargs))
+
+    async def race(self, work: Awaitable[T]) -> T:
+        """`work` (a request, of this client or an SDK's) awaited, or ended
+        with RunCancelled as soon as the run is cancelled."""
         if self.cancel.is_set():
             raise RunCancelled("the run was cancelled")
-        call = asyncio.ensure_future(self.client.request(method, url, **kwargs))
+        call = asyncio.ensure_future(work)
         stop = asyncio.ensure_future(self.cancel.wait())
         try:
             done, _ = await asyncio.wait({call, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -56,21 +68,34 @@ class CancellableHttp:
         response is closed as soon as the run is cancelled."""
         if self.cancel.is_set():
             raise RunCancelled("the run was cancelled")
-        async with self.client.stream(method, url, **kwargs) as response:
-            async def close_on_cancel() -> None:
-                await self.cancel.wait()
-                await response.aclose()
+        async with self.client.stream(method, url, **kwargs) as response, \
+                self.closes(response.aclose, _CLOSED_UNDER_IT):
+            yield response
 
-            watcher = asyncio.create_task(close_on_cancel(), name="http-cancel-watch")
-            try:
-                yield response
-            except (httpx.StreamClosed, httpx.ReadError, httpx.RemoteProtocolError):
-                if self.cancel.is_set():
-                    raise RunCancelled("the run was cancelled during a streamed response") \
-                        from None
-                raise
-            finally:
-                watcher.cancel()
+    @contextlib.asynccontextmanager
+    async def closes(self, close: Callable[[], Awaitable[object]],
+                     closed_under_it: tuple[type[Exception], ...] = (Exception,),
+                     ) -> AsyncIterator[None]:
+        """While the block reads a streamed response (this client's, or an
+        SDK's stream), a cancel of the run calls `close`: the read in progress
+        ends at once, and the block with RunCancelled. What the read raises
+        then (`closed_under_it`) becomes RunCancelled too."""
+        if self.cancel.is_set():
+            raise RunCancelled("the run was cancelled")
+
+        async def close_on_cancel() -> None:
+            await self.cancel.wait()
+            await close()
+
+        watcher = asyncio.create_task(close_on_cancel(), name="http-cancel-watch")
+        try:
+            yield
+        except closed_under_it:
+            if self.cancel.is_set():
+                raise RunCancelled("the run was cancelled during a streamed response") from None
+            raise
+        finally:
+            watcher.cancel()
         if self.cancel.is_set():
             raise RunCancelled("the run was cancelled during a streamed response")
 

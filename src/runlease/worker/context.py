@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import Budget, ResultRefused
-from runlease.core.redact import StreamHoldback
+from runlease.core.redact_stream import StreamHoldback
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.errors import DatabaseUnavailable, LeaseLost

@@ -6,6 +6,11 @@ and nothing more is written for it. When the database cannot be reached at
 all, each run is stopped when its lease *could* expire — last successful
 renewal (by when the statement was sent) + lease - margin — so before any
 other worker could claim it.
+
+The same statement renews the worker's row in the workers registry; a
+worker holding nothing renews that row alone, so the reaper (which looks
+for expired leases among the runs of workers whose row expired) and the
+console see it alive.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.db.connect import Conn, connect
 from runlease.db.models import HeartbeatResult
-from runlease.db.store import RunStore, stale_writes
+from runlease.db.store import Registration, RunStore, stale_writes
 from runlease.services.loop import Service, sleep
 from runlease.worker.runner import RunHandle, StopReason
 
@@ -42,6 +47,7 @@ class LeaseKeeper(Service):
         prepare: bool = True,
         on_lost: Callable[[RunHandle, StopReason], None],
         clock: Clock | None = None,
+        registry: Registration | None = None,
     ) -> None:
         super().__init__()
         # The worker's monotonic clock: the fence and the heartbeat schedule
@@ -56,6 +62,7 @@ class LeaseKeeper(Service):
         self.interval_s = interval_s
         self.prepare = prepare
         self.on_lost = on_lost
+        self.registry = registry
         self._conn: Conn | None = None
         self.last_loop = self.clock.monotonic()  # for /healthz
         self.wakeup = asyncio.Event()
@@ -124,12 +131,13 @@ class LeaseKeeper(Service):
     async def beat(self) -> bool:
         """One renewal of everything held; False when the database did not answer."""
         held = {h.run_id: h for h in self.runs if h.writes_allowed}
-        if not held:
+        if not held and self.registry is None:
             return True
         sent = self.clock.monotonic()
         # Never wait past the earliest fence deadline: by then the fence has
         # acted, and a statement stuck on a dead socket is abandoned, not awaited.
-        budget = max(0.1, min(h.fence_at for h in held.values()) - sent)
+        budget = max(0.1, min((h.fence_at for h in held.values()),
+                              default=sent + self.interval_s) - sent)
         call = asyncio.ensure_future(self._renew(held))
         done, _ = await asyncio.wait({call}, timeout=budget)
         error: BaseException | None
@@ -138,6 +146,10 @@ class LeaseKeeper(Service):
             error = TimeoutError(f"no answer in {budget:.1f} s")
         else:
             error = call.exception()
+        if error is not None and not held:
+            log.warning("worker_beat_failed error=%s", str(error) or type(error).__name__)
+            self._abandon()
+            return False
         if error is not None:
             metrics.HEARTBEATS.labels(self.pool, "failed").inc()
             log.warning("heartbeat_failed runs=%d error=%s", len(held),
@@ -145,6 +157,8 @@ class LeaseKeeper(Service):
             self._abandon()
             return False
         result = call.result()
+        if not held:
+            return True
         metrics.HEARTBEATS.labels(self.pool, "ok").inc()
         for run_id in result.held:
             held[run_id].renewed(sent)
@@ -164,7 +178,7 @@ class LeaseKeeper(Service):
         conn = await self._connection()
         return await self.store.heartbeat(
             self.worker, [(i, h.lease.epoch) for i, h in held.items()], lease_s=self.lease_s,
-            conn=conn)
+            registry=self.registry, conn=conn)
 
     def _abandon(self) -> None:
         """Drop the connection without waiting on it; the next beat opens another."""

@@ -16,7 +16,8 @@ import codecs
 from collections.abc import Mapping
 from typing import Any
 
-from runlease.core.redact import DEFAULT_REDACTOR, Redactor, StreamHoldback
+from runlease.core.redact import DEFAULT_REDACTOR, Redactor
+from runlease.core.redact_stream import StreamHoldback
 
 EVENT_MAX_CHARS = 16 * 1024
 STREAM_MAX_BYTES = 64 * 1024

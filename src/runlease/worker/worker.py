@@ -27,9 +27,10 @@ from runlease import logs, metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core.redact import Redactor
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
-from runlease.db.connect import make_pool
+from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
-from runlease.db.store import Rendered, RunStore
+from runlease.db.pooler import check_behind_pooler
+from runlease.db.store import Registration, Rendered, RunStore
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
 from runlease.services.identity import worker_id
@@ -98,28 +99,34 @@ class Worker:
         s = self.settings
         if self.seal_environ:  # before the first child process of any kind
             toolenv.seal([s.database_url, s.listen_database_url])
-        pool = make_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
-                         prepare=s.prepared_statements, application_name="runlease-worker")
-        await pool.open(wait=False)
+        conn_pool = make_conn_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
+                                   prepare=s.prepared_statements,
+                                   application_name="runlease-worker")
+        await conn_pool.open(wait=False)
         redactor = Redactor(s.redact_patterns)
         logs.use_redactor(redactor)  # log lines pass the same rules as what is stored
-        self.store = RunStore(pool, redactor=redactor)
+        self.store = RunStore(conn_pool, redactor=redactor)
         try:
             # The pool row is the one source of the lease (claims, heartbeats
             # and the fence all use what it said at start) and of the
             # variables its tools may see.
             row = await self._check_pool()
+            await check_behind_pooler(self.url, prepared=s.prepared_statements,
+                                      listen=s.listen and not s.listen_database_url)
             s = self.settings = s.with_pool_lease(row.lease_s)
             self.tool_grant = self.tool_grant | frozenset(row.tool_env)
         except BaseException:
-            await pool.close()
+            await conn_pool.close()
             raise
+        # In the workers registry until a clean shutdown (the lease keeper renews the row).
+        self.registration = Registration(self.identity, s.pool, s.concurrency)
+        await self._register()
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack)
         self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
                                   lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
                                   prepare=s.prepared_statements, on_lost=self._lost,
-                                  clock=self.clock)
+                                  clock=self.clock, registry=self.registration)
         self.claims = ClaimLoop(self.store, self.url, self.identity, pool=s.pool,
                                 lease_s=s.lease_s, batch=s.batch,
                                 poll_interval_s=s.poll_interval_s,
@@ -156,7 +163,7 @@ class Worker:
             await self._done.wait()
         finally:
             await self._shutdown()
-            await pool.close()
+            await conn_pool.close()
         return 0
 
     async def _check_pool(self) -> Pool:
@@ -177,6 +184,12 @@ class Worker:
                 log.warning("lease_override pool=%s pool_lease_s=%s worker_lease_s=%s",
                             pool.name, pool.lease_s, self.settings.lease_s)
             return pool
+
+    async def _register(self) -> None:
+        try:
+            await self.store.register_worker(self.registration, lease_s=self.settings.lease_s)
+        except RunleaseError as exc:  # the first heartbeat inserts the row again
+            log.warning("worker_register_failed error=%s", exc)
 
     def drain(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
@@ -238,6 +251,8 @@ class Worker:
             await self.probes.stop()
         if self.claims is not None:
             await self.claims.stop(1.0)
+        with contextlib.suppress(RunleaseError):
+            await self.store.deregister_worker(self.identity)
 
     # -- claiming -----------------------------------------------------------------------
 
@@ -272,7 +287,7 @@ class Worker:
         if lease.run.cancel_requested_at is not None or (
                 early is not None and self.clock.monotonic() - early < 30):
             handle.request_cancel()
-        task = asyncio.create_task(self._execute(handle), name=f"execute-{lease.run_id}")
+        task = asyncio.create_task(self._execute(handle), name="execute-" + handle.rid)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self.keeper.wakeup.set()  # its next wake-up may now be this run's fence

@@ -5,8 +5,9 @@
      "tools": ["shell", "sleep"],   # optional: the built-in tools offered (none by default)
      "max_tokens": 1024}            # optional
 
-It speaks Chat Completions with `stream: true` to any compatible endpoint
-(OpenAI, vLLM, llama.cpp, Ollama, LiteLLM, ...). Durability: the completed
+It speaks Chat Completions with `stream: true` through the `openai` package
+(`pip install 'runlease[openai]'`) to any compatible endpoint (OpenAI, vLLM,
+llama.cpp, Ollama, LiteLLM, ...). Durability: the completed
 assistant message of turn N is the step `turn-N`, the result of each tool
 call the step `tool-<tool_call_id>`; a re-claimed run rebuilds the
 conversation from those, so the model is not asked again for a turn it
@@ -19,13 +20,14 @@ needs no key and tests can point it elsewhere: RUNLEASE_OPENAI_BASE_URL,
 RUNLEASE_OPENAI_MODEL, RUNLEASE_OPENAI_API_KEY (or OPENAI_API_KEY) and
 RUNLEASE_OPENAI_READ_TIMEOUT_S, from the environment the worker started with
 (the worker takes its secrets out of os.environ at start: worker/toolenv.py).
-The key goes into the Authorization header only: tools never get it (their
-environment is built by the worker from an allowlist), and it is scrubbed
+The key goes into the Authorization header only (none is sent without one):
+tools never get it (their environment is built by the worker from an
+allowlist), and it is scrubbed
 from everything the agent stores (events, step results, errors), on top of
 the store's own redaction, which cannot know a key of any shape.
 
     HTTP 429, 5xx, a broken connection or stream -> RetryableError model_unavailable
-    any other refusal (4xx, a redirect)           -> FatalError model_rejected
+    any other refusal (4xx)                       -> FatalError model_rejected
 """
 
 from __future__ import annotations
@@ -34,10 +36,17 @@ import json
 from functools import partial
 from typing import Any
 
-from runlease.agents.openai.request import _settings, parse_request
+try:
+    # Checked here, in one line: the worker imports its agent at start.
+    import openai
+except ImportError:
+    raise ImportError("the openai agent speaks through the openai package, which is not "
+                      "installed: pip install 'runlease[openai]'") from None
+
+from runlease.agents.openai.request import ChatRequest, OpenAISettings, _settings, parse_request
 from runlease.agents.openai.scrub import Secrets
 from runlease.agents.openai.tools import tool_call
-from runlease.agents.openai.turn import model_turn
+from runlease.agents.openai.turn import model_client, model_turn
 from runlease.worker import RunContext
 
 __all__ = ["agent"]
@@ -48,11 +57,18 @@ async def agent(ctx: RunContext) -> dict[str, Any]:
     request = parse_request(ctx.input, config)
     secrets = Secrets(config.openai_api_key)
     messages = list(request.messages)
+    async with model_client(config) as client:
+        return await _loop(ctx, client, config, request, messages, secrets)
+
+
+async def _loop(ctx: RunContext, client: openai.AsyncOpenAI, config: OpenAISettings,
+                request: ChatRequest, messages: list[dict[str, Any]],
+                secrets: Secrets) -> dict[str, Any]:
     tool_calls = 0
     while True:
         turn = await ctx.begin_turn()
         reply = await ctx.step(f"turn-{turn}", partial(
-            model_turn, ctx, config, request, list(messages), turn, secrets))
+            model_turn, ctx, client, config, request, list(messages), turn, secrets))
         message = reply["message"]
         messages.append(message)
         calls = message.get("tool_calls") or []

@@ -1,5 +1,12 @@
-"""A streamed Chat Completions reply put back together: server-sent events
-parsed, content and tool-call deltas assembled into one assistant message."""
+"""A streamed Chat Completions reply put back together: the content and
+tool-call deltas of the `openai` package's chunks assembled into one
+assistant message.
+
+The chunks are typed, but not validated (the SDK builds them leniently), and
+compatible servers differ: some send no tool-call id, or "call_0" on every
+turn, or repeat the id and name on every fragment, or send parsed arguments.
+So every field is looked at before it is used.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
 CALL_ID_MAX_CHARS = 200  # the step key `tool-<id>` must stay within 255 characters
-
-
-class EventParser:
-    """Server-sent events, line by line: the data of each event, or None."""
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-
-    def feed(self, line: str) -> str | None:
-        if not line:  # a blank line ends an event
-            data, self._data = self._data, []
-            return "\n".join(data) if data else None
-        name, _, value = line.partition(":")
-        if name == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None  # comments (":..."), event:, id:, retry: carry nothing we use
 
 
 @dataclass
@@ -41,44 +34,49 @@ class Reply:
         self.content: list[str] = []
         self.calls: dict[int, Call] = {}
         self.finish_reason: str | None = None
-        self.done = False
+        self.usage: dict[str, Any] | None = None
 
     @property
     def complete(self) -> bool:
-        # [DONE] is the protocol's end; a few servers stop after the chunk
-        # with finish_reason instead, which is as complete.
-        return self.done or self.finish_reason is not None
+        """The message has ended: a chunk said why (stop, tool_calls, length...)."""
+        return self.finish_reason is not None
 
-    def add(self, chunk: Mapping[str, Any]) -> str:
+    def add(self, chunk: ChatCompletionChunk | ChatCompletion) -> str:
         """Take one chunk (or a whole non-streamed completion); return its new text."""
         text = ""
-        choices = chunk.get("choices")
+        choices = getattr(chunk, "choices", None)
         for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            if getattr(choice, "index", 0) != 0:
                 continue  # we never ask for n > 1
-            delta = choice.get("delta") or choice.get("message") or {}
-            if isinstance(delta.get("content"), str):
-                text += delta["content"]
-            parts = delta.get("tool_calls")
-            for position, part in enumerate(parts if isinstance(parts, list) else []):
-                if isinstance(part, dict):
-                    self._add_call(position, part)
-            if isinstance(choice.get("finish_reason"), str):
-                self.finish_reason = choice["finish_reason"]
+            # A chunk's choice has a delta; a whole completion's, a message.
+            part = getattr(choice, "delta", None) or getattr(choice, "message", None)
+            content = getattr(part, "content", None)
+            if isinstance(content, str):
+                text += content
+            tool_calls = getattr(part, "tool_calls", None)
+            for position, call in enumerate(tool_calls if isinstance(tool_calls, list) else []):
+                self._add_call(position, call)
+            finish_reason = getattr(choice, "finish_reason", None)
+            if isinstance(finish_reason, str):
+                self.finish_reason = finish_reason
+        usage = getattr(chunk, "usage", None)
+        if usage is not None and hasattr(usage, "model_dump"):
+            self.usage = usage.model_dump(exclude_none=True)
         text = text.replace("\x00", "\ufffd")  # jsonb refuses NUL, and deltas are stored
         self.content.append(text)
         return text
 
-    def _add_call(self, position: int, part: Mapping[str, Any]) -> None:
-        index = part.get("index")
+    def _add_call(self, position: int, part: Any) -> None:
+        index = getattr(part, "index", None)
         call = self.calls.setdefault(index if isinstance(index, int) else position, Call())
-        function = part.get("function") or {}
+        function = getattr(part, "function", None)
         # id and name are taken once: some servers repeat them on every fragment.
-        if not call.id and isinstance(part.get("id"), str):
-            call.id = part["id"]
-        if not call.name and isinstance(function.get("name"), str):
-            call.name = function["name"]
-        arguments = function.get("arguments")
+        if not call.id and isinstance(getattr(part, "id", None), str):
+            call.id = part.id
+        name = getattr(function, "name", None)
+        if not call.name and isinstance(name, str):
+            call.name = name
+        arguments = getattr(function, "arguments", None)
         if isinstance(arguments, str):
             call.arguments.append(arguments)
         elif isinstance(arguments, dict):  # a server that sends parsed arguments

@@ -36,10 +36,6 @@ class OpenAISettings:
             raise SettingsError("RUNLEASE_OPENAI_BASE_URL must be an http(s) URL with a host, "
                                 f"got {self.openai_base_url!r}")
 
-    @property
-    def completions_url(self) -> str:
-        return self.openai_base_url.rstrip("/") + "/chat/completions"
-
 
 @dataclass(frozen=True)
 class ChatRequest:

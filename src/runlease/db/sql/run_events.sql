@@ -34,3 +34,29 @@ SELECT run_id, seq, kind, data, created_at
  WHERE run_id = %(id)s AND seq > %(after)s
  ORDER BY seq
  LIMIT %(limit)s;
+
+
+-- name: run_events_fanout
+-- The API's event fan-out: new events of many followed runs in one
+-- statement, each run after its own seq and at most %(limit)s rows per run
+-- (a busy run is read again at once). Every run asked for gives one row even
+-- with no new event (seq NULL), carrying its status: a finished run is seen
+-- in the same snapshot as its last events, so no per-stream status read is
+-- needed; no row at all means the run is gone (retention).
+SELECT w.id AS run_id, r.status, e.seq, e.kind, e.data, e.created_at
+  FROM unnest(%(ids)s::uuid[], %(afters)s::bigint[]) AS w (id, after)
+  JOIN agent_runs r ON r.id = w.id
+  LEFT JOIN LATERAL (
+      SELECT ev.seq, ev.kind, ev.data, ev.created_at
+        FROM agent_run_events ev
+       WHERE ev.run_id = w.id AND ev.seq > w.after
+       ORDER BY ev.seq
+       LIMIT %(limit)s
+  ) e ON true
+ ORDER BY w.id, e.seq;
+
+
+-- name: run_events_ended
+-- The final rows of runs the fan-out saw finish: one statement for all of
+-- them, once per run (their streams' `end` events carry it).
+SELECT * FROM agent_runs WHERE id = ANY (%(ids)s::uuid[]);

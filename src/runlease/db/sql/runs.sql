@@ -104,29 +104,61 @@ SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locke
 
 -- name: run_heartbeat
 -- Renew every lease one worker holds, in one statement. Only locked_until
--- changes, and no index covers it, so the update is HOT. Runs missing from
--- the result have lost their lease.
-UPDATE agent_runs r
-   SET locked_until = coalesce(%(now)s::timestamptz, now())
-                      + make_interval(secs => coalesce(%(lease_s)s::integer, p.lease_s))
-  FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch),
-       agent_run_pools p
- WHERE r.id = ANY (%(ids)s::uuid[])  -- lets the planner go by primary key
-   AND r.id = h.id
-   AND r.lease_epoch = h.epoch
-   AND r.locked_by = %(worker)s
-   AND (r.status = 'leased') IS TRUE
-   AND r.locked_until > coalesce(%(now)s::timestamptz, now())
-   AND p.name = r.pool
-RETURNING r.id, r.lease_epoch, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested;
+-- changes, and no index covers it, so the update is HOT.
+-- One relation, found by primary key (id = ANY); each row's epoch is looked
+-- up in an object built once from the pairs. Not a join with the unnest of
+-- the pairs: in a generic plan (the lease keeper's prepared statement) that
+-- became a nested loop rescanning every pair for every row, quadratic in
+-- the leases held (1,000 leases: 0.4 s). The pool's lease is looked up only
+-- when the caller gives none.
+-- One row comes back, not one per lease (parsing a row per lease cost the
+-- worker as much as the update): how many were renewed, until when (the
+-- earliest, if they differ), the runs whose cancel was requested, and, only
+-- when some were not renewed, the ids of those (their leases are lost).
+-- Given the worker's pool, its registry row is renewed in the same statement
+-- (inserted again if the reaper deleted it while the worker was away).
+WITH upd AS (
+    UPDATE agent_runs r
+       SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => coalesce(
+               %(lease_s)s::integer,
+               (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = r.pool)))
+     WHERE r.id = ANY (%(ids)s::uuid[])
+       AND r.lease_epoch = ((SELECT jsonb_object(%(ids)s::uuid[]::text[],
+                                                 %(epochs)s::bigint[]::text[]))
+                            ->> r.id::text)::bigint
+       AND r.locked_by = %(worker)s
+       AND (r.status = 'leased') IS TRUE
+       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+    RETURNING r.id, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested
+), registry AS (
+    INSERT INTO agent_run_workers AS w
+           (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at)
+    SELECT %(worker)s, %(pool)s::text, %(version)s::text, %(concurrency)s::integer,
+           (SELECT count(*) FROM upd), clock.ts, clock.ts,
+           clock.ts + make_interval(secs => coalesce(
+               %(lease_s)s::integer,
+               (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = %(pool)s::text),
+               45))
+      FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS ts) clock
+     WHERE %(pool)s::text IS NOT NULL
+        ON CONFLICT (id) DO UPDATE
+       SET runs_held = excluded.runs_held, heartbeat_at = excluded.heartbeat_at,
+           expires_at = excluded.expires_at
+)
+SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
+       array_agg(upd.id) FILTER (WHERE upd.cancel_requested) AS cancel_requested,
+       CASE WHEN count(*) < cardinality(%(ids)s::uuid[]) THEN
+           (SELECT array_agg(h.id) FROM unnest(%(ids)s::uuid[]) AS h (id)
+             WHERE h.id NOT IN (SELECT upd.id FROM upd)) END AS lost
+  FROM upd;
 
 
 -- name: run_ack
 -- Finish runs successfully, one or many in one statement. The arrays are
 -- parallel; array_position pairs each row with its epoch and result without
 -- a join, so the plan is one primary-key scan. A finished run frees a slot
--- of its tenant: in a pool with tenant limits, NOTIFY the pool so a claimer
--- waiting on a capped tenant claims its next run now, not at its next poll.
+-- of its tenant: runlease_notify_freed wakes the claimers of a pool with
+-- tenant limits.
 WITH upd AS (
     UPDATE agent_runs r
        SET status = 'done', locked_by = NULL, locked_until = NULL,
@@ -141,15 +173,15 @@ WITH upd AS (
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
        AND r.locked_until > coalesce(%(now)s::timestamptz, now())
-    RETURNING r.id, r.pool
+    RETURNING r.id, r.pool, r.event_seq
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id FROM upd CROSS JOIN notify;
+SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_nack
@@ -197,14 +229,13 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify;
+SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_fail
@@ -231,14 +262,13 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT id, status, attempts FROM upd CROSS JOIN notify;
+SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_release
@@ -271,8 +301,12 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_request_cancel
@@ -300,8 +334,12 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_finalize_cancel
@@ -326,16 +364,15 @@ WITH clock AS (
            clock.ts
       FROM upd, clock
 ), notify AS (
-    -- The lease's slot is free: wake claimers of a pool with tenant limits.
-    SELECT count(pg_notify(%(channel_prefix)s || p.name, p.name)) AS n
-      FROM agent_run_pools p
-     WHERE p.name IN (SELECT upd.pool FROM upd)
-       AND (p.default_max_in_flight IS NOT NULL
-            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name))
+    SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
-  FROM upd, clock CROSS JOIN notify;
+  FROM upd, clock CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_reap
@@ -343,12 +380,46 @@ SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS
 -- 'lease_expired' when no attempt is left, or cancelled when a cancel was
 -- requested. SKIP LOCKED passes over a row a heartbeat is renewing right now;
 -- a renewal that commits first is seen by the re-check of the locking read.
-WITH clock AS (
+-- Flat in live leases: not a scan of every lease for an expired one, but
+-- the holders of leases (one descent of agent_runs_holder_idx each) whose
+-- registry row expired or is missing, and only their leases; plus the ids
+-- given, candidates the reaper's slow sweep (run_lease_sweep) found among
+-- live workers' leases. Every candidate is re-checked by primary key.
+WITH RECURSIVE clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
+), holders AS (
+    (SELECT r.locked_by FROM agent_runs r
+      WHERE r.status = 'leased'
+      ORDER BY r.locked_by LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.locked_by FROM agent_runs r
+             WHERE r.status = 'leased' AND r.locked_by > h.locked_by
+             ORDER BY r.locked_by LIMIT 1)
+      FROM holders h
+     WHERE h.locked_by IS NOT NULL
+), suspects AS (
+    SELECT h.locked_by
+      FROM holders h, clock
+     WHERE h.locked_by IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM agent_run_workers w
+                        WHERE w.id = h.locked_by AND w.expires_at >= clock.ts)
+), candidates AS (
+    SELECT c.id
+      FROM suspects s, clock
+     CROSS JOIN LATERAL (
+            SELECT r.id FROM agent_runs r
+             WHERE r.locked_by = s.locked_by AND r.status = 'leased'
+               AND r.locked_until < clock.ts
+             ORDER BY r.locked_by, r.id
+             LIMIT %(batch)s
+           ) c
+    UNION
+    SELECT x.id FROM unnest(%(ids)s::uuid[]) AS x (id)
 ), expired AS (
     SELECT r.id
       FROM agent_runs r, clock
-     WHERE r.status = 'leased' AND r.locked_until < clock.ts
+     WHERE r.id = ANY (ARRAY(SELECT candidates.id FROM candidates))
+       AND (r.status = 'leased') IS TRUE AND r.locked_until < clock.ts
      ORDER BY r.locked_until
      LIMIT %(batch)s
        FOR UPDATE OF r SKIP LOCKED
@@ -367,8 +438,8 @@ WITH clock AS (
                                 ELSE r.error_message END,
            available_at = clock.ts, locked_by = NULL, locked_until = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
-      FROM expired, clock
-     WHERE r.id = expired.id
+      FROM clock
+     WHERE r.id = ANY (ARRAY(SELECT expired.id FROM expired))
     RETURNING r.id, r.pool, r.tenant_id, r.status, r.attempts, r.event_seq
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -378,8 +449,27 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd) p
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.id, upd.pool, upd.tenant_id, upd.status FROM upd CROSS JOIN notify;
+SELECT upd.id, upd.pool, upd.tenant_id, upd.status
+  FROM upd CROSS JOIN notify CROSS JOIN events_notify;
+
+
+-- name: run_lease_sweep
+-- The reaper's slow sweep: a window of leases after a cursor in
+-- agent_runs_holder_idx order (a bounded read, whatever the leases), and
+-- which of them expired: a lease its worker stopped renewing while the
+-- worker itself lives (its registry row fresh), which run_reap's look at
+-- expired workers would not find. The reaper passes their ids to run_reap.
+SELECT r.locked_by, r.id, r.locked_until < coalesce(%(now)s::timestamptz, now()) AS expired
+  FROM agent_runs r
+ WHERE r.status = 'leased'
+   AND (r.locked_by, r.id) > (%(after_by)s::text, %(after_id)s::uuid)
+ ORDER BY r.locked_by, r.id
+ LIMIT %(rows)s;
 
 
 -- name: run_redrive
@@ -401,8 +491,12 @@ WITH clock AS (
     SELECT upd.id, upd.event_seq, 'run.redriven', '{}'::jsonb, clock.ts FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
+), events_notify AS (
+    -- Streams following the run learn of it from this, not by polling.
+    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+      FROM upd
 )
-SELECT upd.* FROM upd CROSS JOIN notify;
+SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_get
@@ -437,24 +531,38 @@ SELECT r.*
 
 -- name: run_retention_delete
 -- Delete finished runs (and, by cascade, their events and steps) that
--- finished before the cutoff, in one bounded batch. A run finishes after it
--- is created and ids are UUIDv7, so only ids below the cutoff's UUIDv7 can
--- qualify: the primary key bounds the scan, no finished_at index needed.
-WITH cutoff AS (
-    SELECT ts, (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0')
-                || repeat('0', 20))::uuid AS id
-      FROM (SELECT coalesce(%(now)s::timestamptz, now())
-                   - make_interval(secs => %(retention_s)s) AS ts) t
+-- finished before the cutoff, in one bounded batch: an operator's purge
+-- across pools. Each pool with finished runs (a loose scan of
+-- agent_runs_finished_idx, one descent per pool) gives its oldest finished
+-- runs from that index: only what is deleted is read, never live runs.
+WITH RECURSIVE cutoff AS (
+    SELECT coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s) AS ts
+), pools AS (
+    (SELECT r.pool FROM agent_runs r
+      WHERE r.finished_at IS NOT NULL
+      ORDER BY r.pool LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.pool FROM agent_runs r
+             WHERE r.finished_at IS NOT NULL AND r.pool > p.pool
+             ORDER BY r.pool LIMIT 1)
+      FROM pools p
+     WHERE p.pool IS NOT NULL
 ), doomed AS (
-    SELECT r.id
-      FROM agent_runs r, cutoff
-     WHERE r.id < cutoff.id
-       AND r.finished_at < cutoff.ts
-     ORDER BY r.id
+    SELECT d.id
+      FROM pools p, cutoff
+     CROSS JOIN LATERAL (
+            SELECT r.id FROM agent_runs r
+             WHERE r.pool = p.pool AND r.finished_at IS NOT NULL
+               AND r.finished_at < cutoff.ts
+             ORDER BY r.finished_at
+             LIMIT %(batch)s
+               FOR UPDATE OF r SKIP LOCKED
+           ) d
+     WHERE p.pool IS NOT NULL
      LIMIT %(batch)s
-       FOR UPDATE OF r SKIP LOCKED
 ), deleted AS (
-    DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
+    -- By primary key, whatever the planner guesses of the batch's size.
+    DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
     RETURNING r.id, r.tenant_id
 ), unindexed AS (
     DELETE FROM agent_run_tenant_index t USING deleted
@@ -466,30 +574,30 @@ SELECT id FROM deleted;
 -- name: run_retention_by_pool
 -- Retention as each pool sets it: delete runs that finished more than their
 -- pool's retention_s ago (0 keeps them), with their events and steps by
--- cascade, in one bounded batch across pools. Like run_retention_delete, the
--- primary key bounds the scan: ids below the UUIDv7 of the latest cutoff.
+-- cascade, in one bounded batch across pools. Each pool's oldest finished
+-- runs come from agent_runs_finished_idx: only what is deleted is read,
+-- never live runs (however old their ids).
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
 ), pools AS (
     SELECT p.name, clock.ts - make_interval(secs => p.retention_s) AS cutoff
       FROM agent_run_pools p, clock
      WHERE p.retention_s > 0
-), bound AS (
-    SELECT (lpad(to_hex((extract(epoch FROM max(pools.cutoff)) * 1000)::bigint), 12, '0')
-            || repeat('0', 20))::uuid AS id
-      FROM pools
 ), doomed AS (
-    SELECT r.id
-      FROM agent_runs r
-      JOIN pools ON pools.name = r.pool
-     CROSS JOIN bound
-     WHERE r.id < bound.id
-       AND r.finished_at < pools.cutoff
-     ORDER BY r.id
+    SELECT d.id
+      FROM pools
+     CROSS JOIN LATERAL (
+            SELECT r.id FROM agent_runs r
+             WHERE r.pool = pools.name AND r.finished_at IS NOT NULL
+               AND r.finished_at < pools.cutoff
+             ORDER BY r.finished_at
+             LIMIT %(batch)s
+               FOR UPDATE OF r SKIP LOCKED
+           ) d
      LIMIT %(batch)s
-       FOR UPDATE OF r SKIP LOCKED
 ), deleted AS (
-    DELETE FROM agent_runs r USING doomed WHERE r.id = doomed.id
+    -- By primary key, whatever the planner guesses of the batch's size.
+    DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
     RETURNING r.id, r.pool, r.tenant_id
 ), unindexed AS (
     DELETE FROM agent_run_tenant_index t USING deleted

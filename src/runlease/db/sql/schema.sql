@@ -146,6 +146,20 @@ CREATE UNIQUE INDEX agent_runs_idempotency_idx
 
 CREATE INDEX agent_runs_dead_idx ON agent_runs (id) WHERE status = 'dead';
 
+-- The reaper: a worker's leases, found by its identity. locked_by is set by
+-- the claim and never changes while the lease is renewed, so heartbeats stay
+-- HOT; the reaper reads only the leases of workers whose registry row
+-- expired (or that never registered), plus a bounded sweep by (locked_by, id).
+CREATE INDEX agent_runs_holder_idx
+    ON agent_runs (locked_by, id)
+    WHERE status = 'leased';
+
+-- Retention: each pool's finished runs in the order they finished, so a
+-- batch reads only what it deletes (not the live runs below an id cutoff).
+CREATE INDEX agent_runs_finished_idx
+    ON agent_runs (pool, finished_at)
+    WHERE finished_at IS NOT NULL;
+
 -- A tenant's runs, newest first (ids are UUIDv7, so id order is creation
 -- order), for listing. A side table written once at enqueue instead of an
 -- index on agent_runs: every claim and ack is a non-HOT update that adds an
@@ -195,6 +209,23 @@ CREATE TABLE runlease_leaders (
     elected_at timestamptz NOT NULL,
     expires_at timestamptz NOT NULL
 );
+
+-- Worker processes (runlease.db.workers): each registers at start, its lease
+-- keeper renews the row in the statement that renews its leases, a clean
+-- shutdown deletes it, and the reaper's leader deletes rows expired long
+-- ago. The reaper looks for expired leases only among the runs of workers
+-- whose row expired (or that have none): one row per process, so a small
+-- table, read whole. No index but the key: renewals stay HOT.
+CREATE TABLE agent_run_workers (
+    id           text        PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 255),
+    pool         text        NOT NULL CHECK (length(pool) BETWEEN 1 AND 48),
+    version      text        NOT NULL CHECK (length(version) BETWEEN 1 AND 64),
+    concurrency  integer     NOT NULL CHECK (concurrency >= 0),
+    runs_held    integer     NOT NULL DEFAULT 0 CHECK (runs_held >= 0),
+    started_at   timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL
+) WITH (fillfactor = 50);
 
 -- Claim up to p_n runs of a pool for one worker: one call, one short
 -- transaction, plans cached by PL/pgSQL.
@@ -552,5 +583,28 @@ BEGIN
     RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
               r.lease_epoch, r.locked_until, r.cancel_requested_at, r.input_json,
               r.budget_json, r.created_at, r.available_at, r.updated_at, chosen.nth;
+END;
+$$;
+
+
+-- A finished lease frees a slot of its tenant: in a pool with tenant limits,
+-- NOTIFY the pool so a claimer waiting on a capped tenant claims its next run
+-- now, not at its next poll. Called by ack, nack, fail and finalize_cancel
+-- with the pools of the runs they ended (repeats are fine); returns how many
+-- notifications it sent. plpgsql: its plan is cached per session, and ack is
+-- the hot path.
+CREATE FUNCTION runlease_notify_freed(p_channel_prefix text, p_pools text[])
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_sent bigint;
+BEGIN
+    SELECT count(pg_notify(p_channel_prefix || p.name, p.name)) INTO v_sent
+      FROM agent_run_pools p
+     WHERE p.name = ANY (p_pools)
+       AND (p.default_max_in_flight IS NOT NULL
+            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t WHERE t.pool = p.name));
+    RETURN v_sent;
 END;
 $$;

@@ -1,0 +1,40 @@
+"""`runlease dead ...`: list dead letters and send them back to the queue
+(admin)."""
+
+from __future__ import annotations
+
+import click
+
+from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
+
+
+@click.group()
+def dead() -> None:
+    """Dead letters (admin)."""
+
+
+@dead.command("list")
+@api_options
+@click.option("--pool")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option("--cursor")
+def dead_list(api_url: str, token: str, as_json: bool, pool: str | None, limit: int,
+              cursor: str | None) -> None:
+    """Runs that ended dead."""
+    with client(api_url, token) as api:
+        page = api.dead_letters(pool=pool, limit=limit, cursor=cursor)
+    page_out(page, as_json, lambda runs: runs_table(runs, "dead letters"))
+
+
+@dead.command("redrive")
+@api_options
+@click.argument("run_ids", nargs=-1, required=True)
+def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...]) -> None:
+    """Send dead runs back to the queue, attempts reset."""
+    with client(api_url, token) as api:
+        done = [api.redrive(run_id) for run_id in run_ids]
+    if as_json:
+        emit_json(done)
+    else:
+        for run in done:
+            out(f"{run.id}: {run.status}")

@@ -1,0 +1,105 @@
+"""The workers registry: who is running, in which pool, holding how many
+runs (statements in sql/workers.sql).
+
+A worker registers at start; its lease keeper renews the row in the same
+statement as its leases (run_heartbeat), or with worker_beat when it holds
+nothing; a clean shutdown deletes it; the reaper's leader deletes rows that
+expired long ago. The reaper reads the leases of workers whose row expired,
+not every lease (see run_reap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from runlease import __version__
+from runlease.core import bounds
+from runlease.db.executor import Conn, Executor
+from runlease.errors import ValidationError
+
+MAX_WORKER_ID_CHARS = 255
+MAX_VERSION_CHARS = 64
+MAX_WORKER_LIST = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What a worker says about itself; its heartbeats carry it, so a row
+    deleted while the worker was away comes back."""
+
+    worker: str
+    pool: str
+    concurrency: int
+    version: str = __version__
+
+    def params(self) -> dict[str, Any]:
+        return {"worker": self.worker, "pool": self.pool, "concurrency": self.concurrency,
+                "version": self.version[:MAX_VERSION_CHARS] or "unknown"}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """One registered worker. `alive`: its row is unexpired by the database clock."""
+
+    id: str
+    pool: str
+    version: str
+    concurrency: int
+    runs_held: int
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    alive: bool
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> WorkerRow:
+        return cls(id=row["id"], pool=row["pool"], version=row["version"],
+                   concurrency=int(row["concurrency"]), runs_held=int(row["runs_held"]),
+                   started_at=row["started_at"], heartbeat_at=row["heartbeat_at"],
+                   expires_at=row["expires_at"], alive=bool(row["alive"]))
+
+
+def _check(reg: Registration, lease_s: int | None) -> None:
+    if not 1 <= len(reg.worker) <= MAX_WORKER_ID_CHARS:
+        raise ValidationError("worker", f"must be 1 to {MAX_WORKER_ID_CHARS} characters")
+    if reg.concurrency < 0:
+        raise ValidationError("concurrency", "must be 0 or more")
+    if lease_s is not None:
+        bounds.check_lease_s(lease_s)
+
+
+class WorkerStore(Executor):
+    """Registration, renewal and listing of worker processes."""
+
+    async def register_worker(self, reg: Registration, *, lease_s: int,
+                              conn: Conn | None = None) -> WorkerRow:
+        """Insert or refresh this worker's row; expires lease_s from now."""
+        _check(reg, lease_s)
+        rows = await self._rows("worker_register", reg.params() | {"lease_s": lease_s}, conn)
+        return WorkerRow.from_row(rows[0])
+
+    async def worker_beat(self, reg: Registration, *, lease_s: int | None,
+                          conn: Conn | None = None) -> None:
+        """Renew the row of a worker that holds no run (lease_s None: the pool's)."""
+        _check(reg, lease_s)
+        await self._rows("worker_beat", reg.params() | {"lease_s": lease_s}, conn)
+
+    async def deregister_worker(self, worker: str, *, conn: Conn | None = None) -> None:
+        await self._rows("worker_deregister", {"worker": worker}, conn)
+
+    async def delete_stale_workers(self, after_s: float, *,
+                                   conn: Conn | None = None) -> list[tuple[str, str]]:
+        """Delete rows expired more than after_s ago; returns (id, pool) of each."""
+        rows = await self._rows("worker_delete_stale", {"after_s": after_s}, conn)
+        return [(r["id"], r["pool"]) for r in rows]
+
+    async def list_workers(self, pool: str | None = None, *, limit: int = MAX_WORKER_LIST,
+                           conn: Conn | None = None) -> list[WorkerRow]:
+        """Registered workers (expired rows not yet deleted included, with
+        alive False), by pool then start time."""
+        if not 1 <= limit <= MAX_WORKER_LIST:
+            raise ValidationError("limit", f"must be between 1 and {MAX_WORKER_LIST}")
+        rows = await self._rows("worker_list", {"pool": pool, "limit": limit}, conn)
+        return [WorkerRow.from_row(r) for r in rows]
