@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease import __version__, metrics
-from runlease.api import console, errors, routes
+from runlease.api import console, errors, routes, workers
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
@@ -189,6 +189,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     app.state.runlease = state
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(workers.router)
     console.install(app, settings)
     if settings.cors_origins:
         app.add_middleware(

@@ -17,6 +17,7 @@ from runlease.core import bounds
 from runlease.core.states import RunStatus
 from runlease.db.models import Pool
 from runlease.db.store import RunStore
+from runlease.db.workers import WorkerRow
 from runlease.errors import InvalidTransition, RunNotFound, UnknownPool, ValidationError
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -26,6 +27,7 @@ MAX_REDRIVE = 100
 MAX_POOLS = 50
 MAX_TENANTS_SHOWN = 100
 EXPIRY_WINDOW_S = 3600
+MAX_WORKERS = 500
 
 
 def see_other(url: str) -> RedirectResponse:
@@ -143,9 +145,11 @@ async def pool_limit(name: str, form: AdminForm, store: Store) -> Response:
 
 @router.get("/workers")
 async def workers_page(request: Request, who: AdminWho, store: Store) -> Response:
-    pools = []
-    for pool in (await store.list_pools())[:MAX_POOLS]:
-        holders = await store.leases_by_holder(pool.name)
-        pools.append({"name": pool.name, "holders": sorted(holders.items())})
+    pool = _checked(bounds.check_pool, request.query_params.get("pool", "").strip())
+    workers = await store.list_workers(pool or None, limit=MAX_WORKERS)
+    pools: dict[str, list[WorkerRow]] = {}
+    for w in workers:
+        pools.setdefault(w.pool, []).append(w)
     return console_state(request).renderer.page(request, "workers.html", {
-        "viewer": who, "pools": pools})
+        "viewer": who, "pools": pools, "pool": pool, "more": len(workers) == MAX_WORKERS,
+        "max_workers": MAX_WORKERS})
