@@ -244,8 +244,14 @@ async def test_pools_page_pauses_and_sets_limits(ui: Api, live_store: RunStore) 
         assert "1 / 3" not in (await admin.get("/ui/pools")).text  # nothing leased yet
         assert "0 / 3" in (await admin.get("/ui/pools")).text
         assert (await admin.get("/ui/workers")).status_code == 200
+        live = await admin.get("/ui/pools/default/stats", headers={"HX-Request": "true"})
+        assert live.status_code == 200
+        assert "0 / 3" in live.text
+        assert 'hx-trigger="every 5s"' in live.text
+        assert (await admin.get("/ui/pools/nowhere/stats")).status_code == 400
     async with signed_in(ui, "acme") as tenant:
         assert (await tenant.get("/ui/pools")).status_code == 403
+        assert (await tenant.get("/ui/pools/default/stats")).status_code == 403
 
 
 async def test_static_files_come_from_the_package(ui: Api) -> None:

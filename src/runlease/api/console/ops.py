@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
@@ -87,26 +88,37 @@ async def dead_redrive(form: AdminForm, store: Store) -> Response:
     return see_other(f"/ui/dead?redriven={redriven}&skipped={skipped}")
 
 
+async def pool_view(store: RunStore, pool: Pool) -> dict[str, Any]:
+    """One pool's depth, in flight per tenant against its limit, and expiries."""
+    stats = await store.queue_stats(pool.name)
+    settings = await store.tenant_settings(pool.name)
+    tenants = sorted(set(stats.by_tenant) | set(settings),
+                     key=lambda t: (-sum(stats.by_tenant.get(t, (0, 0, 0))[::2]), t))
+    rows = []
+    for tenant in tenants[:MAX_TENANTS_SHOWN]:
+        pending, ready, leased = stats.by_tenant.get(tenant, (0, 0, 0))
+        own = settings[tenant].max_in_flight if tenant in settings else None
+        rows.append({"tenant": tenant, "pending": pending, "ready": ready,
+                     "scheduled": pending - ready, "leased": leased, "own_limit": own,
+                     "limit": own if own is not None else pool.default_max_in_flight})
+    return {"pool": pool, "stats": stats, "tenants": rows,
+            "more_tenants": max(0, len(tenants) - MAX_TENANTS_SHOWN),
+            "expiries": await store.lease_expiries(pool.name, EXPIRY_WINDOW_S)}
+
+
 @router.get("/pools")
 async def pools_page(request: Request, who: AdminWho, store: Store) -> Response:
-    views = []
-    for pool in (await store.list_pools())[:MAX_POOLS]:
-        stats = await store.queue_stats(pool.name)
-        settings = await store.tenant_settings(pool.name)
-        tenants = sorted(set(stats.by_tenant) | set(settings),
-                         key=lambda t: (-sum(stats.by_tenant.get(t, (0, 0, 0))[::2]), t))
-        rows = []
-        for tenant in tenants[:MAX_TENANTS_SHOWN]:
-            pending, ready, leased = stats.by_tenant.get(tenant, (0, 0, 0))
-            own = settings[tenant].max_in_flight if tenant in settings else None
-            rows.append({"tenant": tenant, "pending": pending, "ready": ready,
-                         "scheduled": pending - ready, "leased": leased, "own_limit": own,
-                         "limit": own if own is not None else pool.default_max_in_flight})
-        views.append({"pool": pool, "stats": stats, "tenants": rows,
-                      "more_tenants": max(0, len(tenants) - MAX_TENANTS_SHOWN),
-                      "expiries": await store.lease_expiries(pool.name, EXPIRY_WINDOW_S)})
+    views = [await pool_view(store, pool) for pool in (await store.list_pools())[:MAX_POOLS]]
     return console_state(request).renderer.page(request, "pools.html", {
         "viewer": who, "pools": views, "notice": request.query_params.get("notice") == "saved"})
+
+
+@router.get("/pools/{name}/stats")
+async def pool_stats(request: Request, name: str, who: AdminWho, store: Store) -> Response:
+    """A pool's numbers alone, polled by the pools page (its forms stay put)."""
+    return console_state(request).renderer.page(
+        request, "_pool_stats.html", {"viewer": who, "v": await pool_view(store, await
+                                                                           _pool(store, name))})
 
 
 async def _pool(store: RunStore, name: str) -> Pool:
