@@ -396,6 +396,8 @@ def main() -> None:
     parser.add_argument("--raw-claimers", type=int, default=4)
     parser.add_argument("--raw-batch", type=int, default=50)
     parser.add_argument("--no-peers", action="store_true", help="skip PgQueuer and Procrastinate")
+    parser.add_argument("--peers", default="pgqueuer,procrastinate",
+                        help="which peers to run (comma-separated)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per drain")
     parser.add_argument("--pgbouncer", action="store_true",
                         help="also drain through a real PgBouncer (transaction pooling)")
@@ -434,7 +436,8 @@ def main() -> None:
         figures["raw_floor"] = raw_floor(url, args.jobs, args.raw_claimers, args.raw_batch)
         note(f"raw floor: {figures['raw_floor']['jobs_per_s']:,.0f} jobs/s")
         for name in ("pgqueuer", "procrastinate"):
-            figures[name] = ({"peer": name, "status": "skipped (--no-peers)"} if args.no_peers
+            skip = args.no_peers or name not in args.peers.split(",")
+            figures[name] = ({"peer": name, "status": "skipped (--no-peers, --peers)"} if skip
                              else run_peer(name, base_url, args.jobs, args.timeout))
             note(f"{name}: {figures[name].get('jobs_per_s', figures[name]['status'])}")
     figures["worker_logs"] = str(log_dir)

@@ -31,6 +31,31 @@ class UnknownPool(ValidationError):
         self.pool = pool
 
 
+class ItemError:
+    """Why one item of a batch was refused: its index, a code, the field."""
+
+    __slots__ = ("code", "field", "index", "message")
+
+    def __init__(self, index: int, code: str, field: str | None, message: str) -> None:
+        self.index, self.code, self.field, self.message = index, code, field, message
+
+    def as_dict(self) -> dict[str, object]:
+        return {"index": self.index, "code": self.code, "field": self.field,
+                "message": self.message}
+
+
+class BatchRefused(ValidationError):
+    """A batch was refused as a whole (nothing written); `errors` says why,
+    item by item. `field` and `message` are those of the first."""
+
+    def __init__(self, errors: list[ItemError]) -> None:
+        first = errors[0]
+        super().__init__(f"runs[{first.index}]" + (f".{first.field}" if first.field else ""),
+                         f"{first.message} ({len(errors)} item(s) refused; nothing was "
+                         "submitted)")
+        self.errors = errors
+
+
 class IdempotencyConflict(RunleaseError):
     """An idempotency key was reused with a different input."""
 
@@ -40,6 +65,19 @@ class IdempotencyConflict(RunleaseError):
         )
         self.run_id = run_id
         self.key = key
+
+
+class BatchConflict(BatchRefused, IdempotencyConflict):
+    """A batch refused only for keys that name runs with other inputs: an
+    IdempotencyConflict (that of the first such item) for callers that catch
+    one, a BatchRefused naming every item for those that want them all."""
+
+    def __init__(self, errors: list[ItemError], first: IdempotencyConflict) -> None:
+        probe = BatchRefused(errors)  # its field and message; the MRO would call
+        RunleaseError.__init__(self, str(probe))  # IdempotencyConflict's own init
+        self.field, self.message, self.errors = probe.field, probe.message, errors
+        self.run_id = first.run_id
+        self.key = first.key
 
 
 class RunNotFound(RunleaseError, LookupError):

@@ -28,11 +28,13 @@ async def _force_reap(db_url: str, run_id: UUID) -> None:
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         await conn.execute("UPDATE agent_runs SET locked_until = now() - interval '1 second'"
                            " WHERE id = %s", (run_id,))
+        from runlease.db.channels import EVENTS_CHANNEL
         from runlease.db.queries import sql
 
         # The worker lives (its registry row is fresh): the run is named, as
         # the reaper's sweep would name it.
         await conn.execute(sql("run_reap"), {"batch": 10, "channel_prefix": "runlease_pool_",
+                                             "events_channel": EVENTS_CHANNEL,
                                              "now": None, "ids": [run_id]})
         await conn.commit()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 import psycopg
 import pytest
 
@@ -138,6 +139,27 @@ async def test_prepared_statements_through_pgbouncer_work_or_fail_clearly(
     for exc in failures:
         assert "prepared statement" in str(exc)
         assert "--no-prepared-statements" in str(exc)
+
+
+async def test_the_api_with_prepared_statements_through_pgbouncer_fails_clearly(
+        bouncer_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    statuses: list[int] = []
+    async with serve_api(bouncer_url) as api, httpx.AsyncClient(
+            base_url=api.url, headers=api.headers("acme"), timeout=30) as http:
+        async def client(n: int) -> None:
+            for i in range(n):
+                r = await http.post("/v1/runs", json={"input": {"i": i}})
+                statuses.append(r.status_code)
+                if r.status_code == 201:
+                    statuses.append((await http.get(f"/v1/runs/{r.json()['id']}")).status_code)
+
+        await asyncio.gather(*(client(15) for _ in range(6)))
+    failed = [s for s in statuses if s not in (200, 201)]
+    # This PgBouncer cannot route them; a tenant sees a plain 500 (nothing of
+    # the database's words), the operator's log says what to change.
+    assert failed, "expected a PgBouncer without prepared-statement support"
+    assert set(failed) == {500}
+    assert "--no-prepared-statements" in caplog.text
 
 
 async def test_the_api_through_pgbouncer_submits_gets_and_streams(

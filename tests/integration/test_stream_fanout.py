@@ -19,6 +19,7 @@ from psycopg import conninfo
 from runlease.api.fanout import READ_APP_NAME, Fanout
 from runlease.client import RunEnded, SseParser, StreamEvent
 from runlease.core.states import RunStatus
+from runlease.db.channels import EVENTS_CHANNEL
 from runlease.db.models import Lease
 from runlease.db.queries import sql
 from runlease.db.store import RunStore
@@ -387,3 +388,15 @@ async def test_one_fanout_read_gives_each_run_its_new_events_and_status_by_index
     assert how, plan
     assert "Seq Scan" not in how, how
     assert rows <= 2 * len(after) + 10, (rows, how)
+
+
+def test_every_transition_that_writes_an_event_or_ends_a_run_notifies_the_streams() -> None:
+    # The fan-out reads a run only when notified: a transition that wrote an
+    # event or ended the run without a NOTIFY would leave its streams waiting.
+    # The channel is written out in the SQL (statements run by hand need no
+    # parameter for it): it must be the one the API listens on.
+    for name in ("run_ack", "run_nack", "run_fail", "run_release", "run_request_cancel",
+                 "run_finalize_cancel", "run_reap", "run_redrive"):
+        assert f"pg_notify('{EVENTS_CHANNEL}', upd.id::text || ':' || upd.event_seq)" in \
+            sql(name), name
+        assert "CROSS JOIN events_notify" in sql(name), name

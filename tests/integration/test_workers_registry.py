@@ -13,7 +13,9 @@ from psycopg.rows import DictRow
 from runlease.clock import ManualClock
 from runlease.db.models import Pool
 from runlease.db.store import Conn, NewRun, Registration, RunStore
-from runlease.errors import ValidationError
+from runlease.errors import SettingsError, ValidationError
+from runlease.settings import WorkerSettings, load
+from runlease.worker.worker import Worker
 from tests.support import agents
 from tests.support.waiting import until
 from tests.support.workers import running_worker
@@ -123,3 +125,12 @@ async def test_a_worker_registers_at_start_and_leaves_at_a_clean_stop(
         await live_store.request_cancel(run.run.id)
         await asyncio.sleep(0)
     assert await live_store.list_workers() == []
+
+
+def test_an_identity_the_registry_cannot_hold_is_refused_at_construction(db_url: str) -> None:
+    # Otherwise every heartbeat (which renews the registry row) would fail,
+    # and every run would be fenced.
+    settings = load(WorkerSettings, {"agent": "runlease.agents.script:agent",
+                                     "database_url": db_url}, environ={})
+    with pytest.raises(SettingsError, match="identity"):
+        Worker(settings, identity="x" * 256, handle_signals=False, seal_environ=False)

@@ -18,13 +18,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease import __version__, metrics
-from runlease.api import console, errors, routes, workers
+from runlease.api import batch, console, errors, routes, workers
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
 from runlease.api.fanout import Fanout
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
+from runlease.api.wakeups import PoolWaker
 from runlease.db.channels import EVENTS_CHANNEL
 from runlease.db.connect import make_conn_pool
 from runlease.db.store import RunStore
@@ -52,18 +53,21 @@ class _BodyTooLarge(Exception):
 class BodyLimit:
     """Refuse request bodies over the bound before anything parses them."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int,
+                 large: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.large = large or {}  # paths with a bound of their own (a batch)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.large.get(scope.get("path", ""), self.max_bytes)
         too_big = error_response(413, "body_too_large",
-                                 f"body: over the bound of {self.max_bytes} bytes", "body")
+                                 f"body: over the bound of {max_bytes} bytes", "body")
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             await too_big(scope, receive, send)
             return
         seen = 0
@@ -74,7 +78,7 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     raise _BodyTooLarge
             return message
 
@@ -153,9 +157,10 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         conn_pool = make_conn_pool(url, min_size=1, max_size=20,
                                    prepare=settings.prepared_statements,
-                                   application_name="runlease-api")
+                                   application_name="runlease-api", generic_plans=True)
         await conn_pool.open(wait=False)
         state.store = RunStore(conn_pool, max_input_bytes=settings.max_input_bytes)
+        state.waker = PoolWaker(state.store)
         # Streams hold two connections in all, however many there are: the
         # LISTEN session and the fan-out's reader (api/fanout.py).
         fanout = Fanout(state.store, url, prepare=settings.prepared_statements,
@@ -178,6 +183,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         finally:
             await listener.stop(2)
             await fanout.stop()
+            await state.waker.close()
             await conn_pool.close()
 
     app = FastAPI(
@@ -188,6 +194,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     )
     app.state.runlease = state
     errors.install(app)
+    app.include_router(batch.router)
     app.include_router(routes.router)
     app.include_router(workers.router)
     console.install(app, settings)
@@ -197,7 +204,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
             allow_methods=["GET", "POST", "PUT"],
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID"],
             expose_headers=["Location"])
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
+                       large={"/v1/runs/batch": settings.max_batch_request_bytes})
 
     app.add_middleware(RequestMetrics)
 

@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from runlease.api.auth import Principal, StreamTokens, TokenRegistry
 from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import FeedHub
+from runlease.api.wakeups import PoolWaker
 from runlease.db.store import RunStore
 from runlease.settings import ApiSettings
 
@@ -25,6 +26,7 @@ class ApiState:
     stream_tokens: StreamTokens
     store: RunStore | None = None
     hub: FeedHub | None = None
+    waker: PoolWaker | None = None
 
 
 def api_state(request: Request) -> ApiState:
@@ -70,7 +72,14 @@ async def json_content(request: Request) -> None:
                        f"Content-Type: send application/json ({got})", "Content-Type")
 
 
+async def waker(request: Request) -> PoolWaker:
+    w = api_state(request).waker
+    assert w is not None, "the app's lifespan has not started"
+    return w
+
+
 Store = Annotated[RunStore, Depends(store)]
+Waker = Annotated[PoolWaker, Depends(waker)]
 JsonBody = Depends(json_content)
 Who = Annotated[Principal, Depends(principal)]
 Admin = Annotated[Principal, Depends(admin)]

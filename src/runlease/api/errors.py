@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -10,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from runlease.errors import (
+    BatchRefused,
     DatabaseUnavailable,
     IdempotencyConflict,
     InvalidTransition,
@@ -55,10 +58,33 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    raw = tuple(first.get("loc", ()))
+    # A repeatable query parameter is named, not its n-th value.
+    loc = [str(p) for p in raw if p not in ("body", "query", "path", "header")
+           and not (raw[:1] == ("query",) and isinstance(p, int))]
     field = "body" if first.get("type") == "json_invalid" or not loc else ".".join(loc)
-    return error_response(422, "invalid_request", f"{field}: {first.get('msg', 'invalid')}",
-                          field)
+    if raw[:2] == ("body", "runs") and len(raw) > 2 and isinstance(raw[2], int):
+        field = f"runs[{raw[2]}]" + "".join(f".{p}" for p in raw[3:])  # as the store names it
+    items = _batch_items(errors)
+    response = error_response(422, "invalid_request", f"{field}: {first.get('msg', 'invalid')}",
+                              field)
+    if items:
+        return JSONResponse({"error": {"code": "invalid_request",
+                                       "message": f"{field}: {first.get('msg', 'invalid')}",
+                                       "field": field}, "errors": items}, status_code=422)
+    return response
+
+
+def _batch_items(errors: Sequence[Any]) -> list[dict[str, object]]:
+    """A batch's refused items by index (POST /v1/runs/batch: body.runs.<i>...)."""
+    items: list[dict[str, object]] = []
+    for e in errors:
+        loc = tuple(e.get("loc", ()))
+        if len(loc) >= 3 and loc[:2] == ("body", "runs") and isinstance(loc[2], int):
+            field = ".".join(str(p) for p in loc[3:]) or None
+            items.append({"index": loc[2], "code": "invalid_request", "field": field,
+                          "message": f"{field or 'item'}: {e.get('msg', 'invalid')}"})
+    return items[:1000]
 
 
 _BY_TYPE: list[tuple[type[RunleaseError], int, str]] = [
@@ -69,6 +95,10 @@ _BY_TYPE: list[tuple[type[RunleaseError], int, str]] = [
 
 
 async def _runlease_error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, BatchRefused):
+        return JSONResponse({"error": {"code": "batch_refused", "message": str(exc),
+                                       "field": exc.field},
+                             "errors": [e.as_dict() for e in exc.errors]}, status_code=422)
     if isinstance(exc, ValidationError):
         return error_response(422, "invalid_request", str(exc), exc.field)
     if isinstance(exc, DatabaseUnavailable):

@@ -15,7 +15,7 @@ from starlette.background import BackgroundTask
 
 from runlease import metrics
 from runlease.api.auth import Principal
-from runlease.api.deps import Admin, JsonBody, Store, Who, api_state, bearer
+from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state, bearer
 from runlease.api.errors import ErrorAnswer, invalid, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
 from runlease.api.schemas import (
@@ -26,10 +26,18 @@ from runlease.api.schemas import (
     RunCreate,
     RunOut,
     RunPage,
-    Status,
     StepOut,
     StepPage,
     StreamToken,
+)
+from runlease.api.search import (
+    KeyQ,
+    LabelQ,
+    PoolQ,
+    StatusQ,
+    TenantQ,
+    TimeQ,
+    run_filter,
 )
 from runlease.core import bounds
 from runlease.core.states import RunStatus
@@ -70,32 +78,43 @@ def tenant_for(body: RunCreate, who: Principal) -> str:
                      "description": "No `Content-Type: application/json`."}},
 )
 async def submit(
-    body: RunCreate, who: Who, store: Store, response: Response,
+    body: RunCreate, who: Who, store: Store, waker: Waker,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                   max_length=255)] = None,
-) -> RunOut:
+) -> Response:
     """Enqueue a run. The same Idempotency-Key again returns the same run (200)."""
     result = await store.enqueue(
         body.pool, tenant_for(body, who), body.input, priority=body.priority,
         max_attempts=body.max_attempts,
         budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key, labels=body.labels, run_at=body.run_at,
+        delay_s=body.delay_s, notify=False,
     )
     if result.inserted:
         metrics.RUNS_SUBMITTED.labels(body.pool).inc()
-    else:
-        response.status_code = 200
-    response.headers["Location"] = f"/v1/runs/{result.run.id}"
-    return RunOut.of(result.run, admin=who.admin)
+        if result.run.status == "pending" and result.run.available_at <= result.run.created_at:
+            waker.wake((body.pool,))
+    # Serialized here, once: returned as a model, it would be validated again.
+    return Response(RunOut.of(result.run, admin=who.admin).model_dump_json(),
+                    status_code=201 if result.inserted else 200, media_type="application/json",
+                    headers={"Location": f"/v1/runs/{result.run.id}"})
 
 
 @router.get("/runs", response_model=RunPage)
-async def list_runs(who: Who, store: Store, status: Status | None = None,
-                    pool: PoolName = None, limit: Limit = 50,
+async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ = None,
+                    label: LabelQ = None, created_after: TimeQ = None,
+                    created_before: TimeQ = None, finished_after: TimeQ = None,
+                    finished_before: TimeQ = None, idempotency_key: KeyQ = None,
+                    tenant: TenantQ = None, limit: Limit = 50,
                     cursor: UUID | None = None) -> RunPage:
-    """Runs, newest first; pass `next_cursor` back as `cursor` for the next page."""
-    runs = await store.list_runs(tenant_id=who.scope, pool=pool, status=status, limit=limit,
-                                 before=cursor)
+    """Runs, newest first, filtered (every filter given must match); pass
+    `next_cursor` back as `cursor` for the next page (stable while runs are
+    added: new runs never shift a page)."""
+    f = run_filter(who, status=status, pool=pool, label=label, created_after=created_after,
+                   created_before=created_before, finished_after=finished_after,
+                   finished_before=finished_before, idempotency_key=idempotency_key,
+                   tenant=tenant)
+    runs = await store.search(f, limit=limit, before=cursor)
     return page(runs, limit, admin=who.admin)
 
 

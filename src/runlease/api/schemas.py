@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+)
 
-from runlease.core import bounds
+from runlease.core import bounds, run_options
 from runlease.core.defaults import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
@@ -18,6 +28,12 @@ from runlease.core.defaults import (
 from runlease.db.models import Pool, Run, Step, TenantLimit
 
 POOL_PATTERN = bounds.POOL_PATTERN
+LabelKey = Annotated[str, StringConstraints(min_length=1,
+                                            max_length=run_options.LABEL_KEY_MAX_CHARS,
+                                            pattern=run_options.LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, StringConstraints(max_length=run_options.LABEL_VALUE_MAX_CHARS,
+                                              pattern=run_options.LABEL_VALUE_PATTERN)]
+Labels = dict[LabelKey, LabelValue]
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
 
 
@@ -43,6 +59,27 @@ class RunCreate(Strict):
     budget: BudgetIn | None = None
     tenant_id: str | None = Field(None, min_length=1, max_length=bounds.TENANT_MAX_CHARS,
                                   description="Admin only: the tenant the run belongs to.")
+    labels: Labels | None = Field(
+        None, max_length=run_options.LABELS_MAX,
+        description=f"A string map (at most {run_options.LABELS_MAX} labels; keys "
+                    f"1-{run_options.LABEL_KEY_MAX_CHARS} characters, values at most "
+                    f"{run_options.LABEL_VALUE_MAX_CHARS}) to find runs by "
+                    "(`GET /v1/runs?label=key:value`).",
+        examples=[{"team": "search", "suite": "nightly-eval"}])
+    run_at: AwareDatetime | None = Field(
+        None, description="Not before this time (RFC 3339 with its offset; at most a year "
+                          "ahead; a past time means now). Not with `delay_s`.",
+        examples=["2026-12-01T09:00:00Z"])
+    delay_s: StrictFloat | None = Field(
+        None, ge=0, le=run_options.MAX_DELAY_S,
+        description="Not before this many seconds from now. Not with `run_at`.",
+        examples=[300])
+
+    @model_validator(mode="after")
+    def _one_start(self) -> Self:
+        if self.run_at is not None and self.delay_s is not None:
+            raise ValueError("give run_at or delay_s, not both")
+        return self
 
 
 class LeaseInfo(BaseModel):
@@ -74,6 +111,9 @@ class RunOut(BaseModel):
     finished_at: datetime | None = None
     last_event_seq: int = Field(description="The seq of the run's latest event; 0 if none.")
     lease: LeaseInfo | None = None
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="The labels given at submit.",
+                                   examples=[{"team": "search"}])
 
     @classmethod
     def of(cls, run: Run, *, admin: bool) -> RunOut:
@@ -81,7 +121,9 @@ class RunOut(BaseModel):
         if admin and run.locked_by is not None and run.locked_until is not None:
             lease = LeaseInfo(locked_by=run.locked_by, locked_until=run.locked_until,
                               lease_epoch=run.lease_epoch)
-        return cls(
+        # Typed rows from the store: nothing to validate (a page or a batch
+        # of a thousand runs would pay for it per field).
+        return cls.model_construct(
             id=run.id, pool=run.pool, tenant_id=run.tenant_id, status=run.status.value,
             priority=run.priority, attempts=run.attempts, max_attempts=run.max_attempts,
             input=run.input_json, budget=run.budget_json, result=run.result_json,
@@ -89,7 +131,7 @@ class RunOut(BaseModel):
             idempotency_key=run.idempotency_key, cancel_requested_at=run.cancel_requested_at,
             available_at=run.available_at, created_at=run.created_at,
             updated_at=run.updated_at, finished_at=run.finished_at,
-            last_event_seq=run.event_seq, lease=lease,
+            last_event_seq=run.event_seq, lease=lease, labels=run.labels,
         )
 
 

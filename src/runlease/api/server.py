@@ -38,11 +38,26 @@ def bind_socket(host: str, port: int, option: str = "--port (RUNLEASE_PORT)") ->
                             f"check --host and {option}") from None
 
 
+def run_forever(server: ApiServer) -> None:
+    """Serve until stopped, on uvloop when it is installed (the submit path
+    spends a good part of its time in the event loop)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - a dependency, except on Windows
+        asyncio.run(server.serve())
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(server.serve())
+
+
 class ApiServer(uvicorn.Server):
     def __init__(self, app: FastAPI, host: str, port: int, *, own_signals: bool = True,
                  sock: socket.socket | None = None) -> None:
+        # h11, even where httptools is installed: httptools answers a
+        # malformed header with its own bare-text 400; h11 lets the app
+        # answer in the API's error shape.
         super().__init__(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                        lifespan="on", access_log=False))
+                                        lifespan="on", access_log=False, http="h11"))
         self.app_state: ApiState = app.state.runlease
         self.own_signals = own_signals
         self.sock = sock

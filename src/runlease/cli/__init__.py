@@ -4,6 +4,7 @@ group."""
 
 from __future__ import annotations
 
+from runlease.cli import run_commands
 from runlease.cli.dead import dead
 from runlease.cli.pools import pools
 from runlease.cli.runs import runs
@@ -13,4 +14,4 @@ main.add_command(runs)
 main.add_command(dead)
 main.add_command(pools)
 
-__all__ = ["api", "main", "operator", "run", "worker"]
+__all__ = ["api", "main", "operator", "run", "run_commands", "worker"]

@@ -16,10 +16,8 @@ from runlease.cli.terminal import (
     jsonable,
     out,
     page_out,
-    runs_table,
 )
 from runlease.client import RunEnded, StepView, StreamEvent
-from runlease.core.states import RunStatus
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -27,53 +25,6 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 @click.group()
 def runs() -> None:
     """Submit, list, show, cancel and follow runs."""
-
-
-@runs.command("submit")
-@api_options
-@click.option("--input", "input_json", required=True,
-              help="The run input, a JSON object (or @file.json).")
-@click.option("--pool")
-@click.option("--priority", type=int)
-@click.option("--max-attempts", type=int)
-@click.option("--budget", help="A JSON object: max_turns, max_tool_calls, deadline_s.")
-@click.option("--idempotency-key")
-@click.option("--tenant", "tenant_id", help="Admin only: the run's tenant.")
-def submit(api_url: str, token: str, as_json: bool, input_json: str, pool: str | None,
-           priority: int | None, max_attempts: int | None, budget: str | None,
-           idempotency_key: str | None, tenant_id: str | None) -> None:
-    """Enqueue a run."""
-    if input_json.startswith("@"):
-        with open(input_json[1:]) as f:
-            input_json = f.read()
-    try:
-        payload = json.loads(input_json)
-        budget_obj = json.loads(budget) if budget else None
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}") from None
-    with client(api_url, token) as api:
-        run = api.submit(payload, pool=pool, priority=priority, max_attempts=max_attempts,
-                         budget=budget_obj, idempotency_key=idempotency_key,
-                         tenant_id=tenant_id)
-    if as_json:
-        emit_json(run)
-    else:
-        out(f"{'submitted' if run.created else 'already submitted'}: {run.id} "
-            f"({run.status})")
-
-
-@runs.command("list")
-@api_options
-@click.option("--status", type=click.Choice([s.value for s in RunStatus]))
-@click.option("--pool")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
-@click.option("--cursor")
-def list_runs(api_url: str, token: str, as_json: bool, status: str | None, pool: str | None,
-              limit: int, cursor: str | None) -> None:
-    """Runs, newest first."""
-    with client(api_url, token) as api:
-        page = api.list(status=status, pool=pool, limit=limit, cursor=cursor)
-    page_out(page, as_json, runs_table)
 
 
 @runs.command("show")

@@ -149,14 +149,14 @@ def worker(**options: object) -> None:
 def api(**options: object) -> None:
     """Serve the HTTP API. Every option is also a RUNLEASE_* environment variable."""
     from runlease.api.app import create_app
-    from runlease.api.server import ApiServer, bind_socket
+    from runlease.api.server import ApiServer, bind_socket, run_forever
 
     settings = load(ApiSettings, options)
     app = create_app(settings)
     # Bound before anything starts: a busy port is one line, not a traceback.
     server = ApiServer(app, settings.host, settings.port,
                        sock=bind_socket(settings.host, settings.port))
-    asyncio.run(server.serve())
+    run_forever(server)
 
 
 @main.command()

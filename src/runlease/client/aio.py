@@ -4,13 +4,15 @@ calls `calls.py` declares."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import builtins
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, Self
 from uuid import UUID
 
 import httpx
 
-from runlease.client.calls import Call, Calls, T, Waiting, check
+from runlease.client.calls import MAX_BATCH, Call, Calls, T, Waiting, check, chunks
 from runlease.client.errors import ApiError
 from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunPage, RunView, StepPage
@@ -37,19 +39,45 @@ class AsyncClient:
         return call.read(await self._http.send(call.request(self._http)))
 
     async def submit(self, input: Mapping[str, Any], *, pool: str | None = None,  # noqa: A002
-                     priority: int | None = None, max_attempts: int | None = None,
-                     budget: Mapping[str, Any] | None = None,
-                     idempotency_key: str | None = None,
-                     tenant_id: str | None = None) -> RunView:
+               priority: int | None = None, max_attempts: int | None = None,
+               budget: Mapping[str, Any] | None = None, idempotency_key: str | None = None,
+               tenant_id: str | None = None, labels: Mapping[str, str] | None = None,
+               run_at: datetime | str | None = None, delay_s: float | None = None) -> RunView:
+        """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it later."""
         return await self._send(self._calls.submit(input, pool, priority, max_attempts, budget,
-                                                   idempotency_key, tenant_id))
+                                             idempotency_key, tenant_id, labels, run_at,
+                                             delay_s))
+
+    async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
+                    on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
+        """Submit runs in batches of `chunk` (at most 1,000), one request each,
+        each batch all or nothing; runs in the order given. Each run is a single
+        submit's body as a dict (`input`, `pool`, `labels`, `run_at`, ...) plus
+        its `idempotency_key`: with keys, a retry after a failure submits only
+        what is missing. `on_chunk(n)` is called after each batch with its size."""
+        made: builtins.list[RunView] = []
+        for part in chunks(runs, chunk):
+            batch: builtins.list[RunView] = await self._send(self._calls.submit_batch(part))
+            made += batch
+            if on_chunk is not None:
+                on_chunk(len(part))
+        return made
 
     async def get(self, run_id: UUID | str) -> RunView:
         return await self._send(self._calls.get(run_id))
 
-    async def list(self, *, status: str | None = None, pool: str | None = None,
-                   limit: int = 50, cursor: str | None = None) -> RunPage:
-        return await self._send(self._calls.list(status, pool, limit, cursor))
+    async def list(self, *, status: str | Sequence[str] | None = None, pool: str | None = None,
+             limit: int = 50, cursor: str | None = None,
+             label: Sequence[str] | Mapping[str, str] | None = None,
+             created_after: datetime | None = None, created_before: datetime | None = None,
+             finished_after: datetime | None = None, finished_before: datetime | None = None,
+             idempotency_key: str | None = None, tenant: str | None = None) -> RunPage:
+        """A page of runs, newest first, filtered (every filter given must match:
+        any of `status`, all of `label` as "key:value" or a dict)."""
+        return await self._send(self._calls.list(
+            status, pool, limit, cursor, label=label, created_after=created_after,
+            created_before=created_before, finished_after=finished_after,
+            finished_before=finished_before, idempotency_key=idempotency_key, tenant=tenant))
 
     async def cancel(self, run_id: UUID | str) -> RunView:
         return await self._send(self._calls.cancel(run_id))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
@@ -18,6 +19,8 @@ from runlease.client.errors import ApiError, Conflict, NotFound, Unauthorized
 from runlease.client.views import RunPage, RunView, StepPage, StepView
 
 T = TypeVar("T")
+
+MAX_BATCH = 1000  # runs per POST /v1/runs/batch
 
 # How long a stream may wait to connect, and (by default) between two lines:
 # the API sends a keepalive comment well within it.
@@ -45,6 +48,31 @@ def _run(response: httpx.Response) -> RunView:
 def _runs(response: httpx.Response) -> RunPage:
     data = check(response)
     return RunPage([RunView.from_json(i) for i in data["items"]], data.get("next_cursor"))
+
+
+def _batch(response: httpx.Response) -> builtins.list[RunView]:
+    data = check(response)
+    created = data.get("created") or [True] * len(data["runs"])
+    return [RunView.from_json(r, c) for r, c in zip(data["runs"], created, strict=True)]
+
+
+def _jsonable(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def chunks(runs: Iterable[Mapping[str, Any]],
+           size: int) -> Iterator[builtins.list[Mapping[str, Any]]]:
+    """The runs in lists of `size` (1 to MAX_BATCH), for submit_many."""
+    if not 1 <= size <= MAX_BATCH:
+        raise ValueError(f"chunk must be between 1 and {MAX_BATCH}, got {size}")
+    part: builtins.list[Mapping[str, Any]] = []
+    for run in runs:
+        part.append(run)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
 
 
 def _steps(response: httpx.Response) -> StepPage:
@@ -92,24 +120,49 @@ class Calls:
     @staticmethod
     def submit(input: Mapping[str, Any], pool: str | None, priority: int | None,  # noqa: A002
                max_attempts: int | None, budget: Mapping[str, Any] | None,
-               idempotency_key: str | None, tenant_id: str | None) -> Call[RunView]:
+               idempotency_key: str | None, tenant_id: str | None,
+               labels: Mapping[str, str] | None = None, run_at: datetime | str | None = None,
+               delay_s: float | None = None) -> Call[RunView]:
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
-                           ("budget", budget), ("tenant_id", tenant_id)):
+                           ("budget", budget), ("tenant_id", tenant_id), ("labels", labels),
+                           ("run_at", run_at), ("delay_s", delay_s)):
             if value is not None:
-                body[key] = value
+                body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return Call("POST", "/v1/runs", _run, json=body, headers=headers)
+
+    @staticmethod
+    def submit_batch(runs: Sequence[Mapping[str, Any]]) -> Call[builtins.list[RunView]]:
+        """Each run a single submit's body (`input`, `pool`, `labels`,
+        `run_at`...) and its `idempotency_key`."""
+        body = {"runs": [{k: _jsonable(v) for k, v in run.items() if v is not None}
+                         for run in runs]}
+        return Call("POST", "/v1/runs/batch", _batch, json=body)
 
     @staticmethod
     def get(run_id: UUID | str) -> Call[RunView]:
         return Call("GET", f"/v1/runs/{run_id}", _run)
 
     @staticmethod
-    def list(status: str | None, pool: str | None, limit: int,
-             cursor: str | None) -> Call[RunPage]:
-        return Call("GET", "/v1/runs", _runs,
-                    params=_page_params(limit, cursor, status=status, pool=pool))
+    def list(status: str | Sequence[str] | None, pool: str | None, limit: int,
+             cursor: str | None, *, label: Sequence[str] | Mapping[str, str] | None = None,
+             created_after: datetime | None = None, created_before: datetime | None = None,
+             finished_after: datetime | None = None, finished_before: datetime | None = None,
+             idempotency_key: str | None = None, tenant: str | None = None) -> Call[RunPage]:
+        params = _page_params(limit, cursor, pool=pool, idempotency_key=idempotency_key,
+                              tenant=tenant)
+        if status:
+            params["status"] = [status] if isinstance(status, str) else builtins.list(status)
+        if label:
+            params["label"] = ([f"{k}:{v}" for k, v in label.items()]
+                               if isinstance(label, Mapping) else builtins.list(label))
+        for key, at in (("created_after", created_after), ("created_before", created_before),
+                        ("finished_after", finished_after),
+                        ("finished_before", finished_before)):
+            if at is not None:
+                params[key] = at.isoformat()
+        return Call("GET", "/v1/runs", _runs, params=params)
 
     @staticmethod
     def cancel(run_id: UUID | str) -> Call[RunView]:

@@ -35,6 +35,7 @@ class RunView:
     cancel_requested_at: datetime | None = None
     finished_at: datetime | None = None
     lease: dict[str, Any] | None = None
+    labels: dict[str, str] = field(default_factory=dict)
     created: bool = field(default=True, compare=False)  # False: an Idempotency-Key repeat
 
     @property

@@ -86,6 +86,13 @@ class _CheckOnCheckout:
             raise
 
 
+async def _generic_plans(conn: Conn) -> None:
+    # Planned once per connection, not at every call: the submit statement's
+    # planning cost more than running it. A SET, not libpq `options`, so a
+    # URL's own options (a search_path) are kept.
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
 def make_conn_pool(
     url: str,
     *,
@@ -94,16 +101,19 @@ def make_conn_pool(
     prepare: bool = True,
     application_name: str = "runlease",
     timeout_s: float = 10.0,
+    generic_plans: bool = False,
 ) -> AsyncConnectionPool[Conn]:
     """A connection pool that is not open yet: `await conn_pool.open()` (or
     `async with conn_pool`).
-    Connections are checked on checkout (`_CheckOnCheckout`)."""
+    Connections are checked on checkout (`_CheckOnCheckout`). `generic_plans`:
+    prepared statements keep one plan (plan_cache_mode=force_generic_plan)."""
     check = _CheckOnCheckout()
     conn_pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
         kwargs=_kwargs(prepare, application_name),
+        configure=_generic_plans if generic_plans and prepare else None,
         open=False,
         timeout=timeout_s,
         name=application_name,

@@ -20,7 +20,7 @@ from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core import bounds
 from runlease.core.redact import DEFAULT_REDACTOR, Redactor
-from runlease.db.channels import EVENTS_CHANNEL, POOL_CHANNEL_PREFIX
+from runlease.db.channels import POOL_CHANNEL_PREFIX
 from runlease.db.models import Lease
 from runlease.db.pooler import PREPARED_HINT, prepared_failure
 from runlease.db.queries import sql
@@ -75,9 +75,6 @@ class Executor:
         self, name: str, params: dict[str, Any], conn: Conn | None = None
     ) -> list[DictRow]:
         params.setdefault("now", self.clock.db_now())
-        # Every transition that writes an event or ends a run notifies its
-        # followers on this channel (a key a statement does not use is ignored).
-        params.setdefault("events_channel", EVENTS_CHANNEL)
         async with self.connection(conn) as c, c.cursor() as cur:
             await cur.execute(sql(name), params)
             return await cur.fetchall() if cur.description is not None else []
@@ -87,7 +84,6 @@ class Executor:
     ) -> list[tuple[Any, ...]]:
         """Like _rows, as plain tuples: for a hot path that builds its objects by position."""
         params.setdefault("now", self.clock.db_now())
-        params.setdefault("events_channel", EVENTS_CHANNEL)
         async with self.connection(conn) as c, c.cursor(row_factory=tuple_row) as cur:
             await cur.execute(sql(name), params)
             return await cur.fetchall()

@@ -65,6 +65,7 @@ class Run:
     error_code: str | None = None
     error_message: str | None = None
     finished_at: datetime | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

@@ -23,7 +23,12 @@ def parse(text: str, source: str) -> dict[str, str]:
     parts = _HEADER.split(text)
     # parts = [preamble, name1, body1, name2, body2, ...]
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        statement = body.strip().rstrip(";").strip()
+        # Whole-line comments stay in the files, not in what is sent: psycopg
+        # caches the parsing of statements up to 4 KiB only, so a long
+        # commented statement would be re-parsed at every call.
+        code = "\n".join(line for line in body.splitlines()
+                          if not line.lstrip().startswith("--"))
+        statement = code.strip().rstrip(";").strip()
         if not statement:
             raise ValueError(f"{source}: statement {name!r} is empty")
         if name in out:

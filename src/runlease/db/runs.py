@@ -3,20 +3,26 @@ reap and retention (statements in sql/runs.sql)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from runlease.core import bounds
+from runlease.core import bounds, run_options
 from runlease.core.ids import uuid7
 from runlease.core.states import RunStatus
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
 from runlease.db.executor import Conn, Executor
 from runlease.db.models import EnqueueResult, ReapResult, Run
+from runlease.db.run_search import RunFilter, SearchStore
 from runlease.errors import (
+    BatchConflict,
+    BatchRefused,
     IdempotencyConflict,
     InvalidTransition,
+    ItemError,
     RunleaseError,
     RunNotFound,
     UnknownPool,
@@ -34,7 +40,8 @@ def _check_batch(batch: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
-    """One run to enqueue; `max_attempts` None takes the pool's default."""
+    """One run to enqueue; `max_attempts` None takes the pool's default,
+    `pool` None the batch's. `run_at` or `delay_s` (not both) hold it back."""
 
     tenant_id: str
     input: Mapping[str, Any]
@@ -42,6 +49,48 @@ class NewRun:
     max_attempts: int | None = None
     budget: Mapping[str, Any] | None = None
     idempotency_key: str | None = None
+    labels: Mapping[str, str] | None = None
+    run_at: datetime | None = None
+    delay_s: float | None = None
+    pool: str | None = None
+
+
+class _Explainer:
+    """Why the insert returned no row for an item: the pool is unknown, the
+    priority is outside the tenant's band, or the key names a run with
+    another input. Pools and bands are read once per batch."""
+
+    def __init__(self, store: Executor, conn: Conn | None) -> None:
+        self.store, self.conn = store, conn
+        self.pools: dict[str, bool] = {}
+        self.bands: dict[tuple[str, str], tuple[int, int]] = {}
+
+    async def why(self, pool: str, tenant: str, key: str | None,
+                  priority: int) -> RunleaseError | None:
+        rows = self.store._rows
+        if pool not in self.pools:
+            self.pools[pool] = bool(await rows("pool_get", {"name": pool}, self.conn))
+        if not self.pools[pool]:
+            return UnknownPool(pool)
+        if (pool, tenant) not in self.bands:
+            band = await rows("tenant_band_get", {"pool": pool, "tenant": tenant}, self.conn)
+            lo, hi = ((band[0]["priority_min"], band[0]["priority_max"]) if band
+                      else (None, None))
+            self.bands[pool, tenant] = (bounds.PRIORITY_MIN if lo is None else lo,
+                                        bounds.PRIORITY_MAX if hi is None else hi)
+        lo, hi = self.bands[pool, tenant]
+        if not lo <= priority <= hi:
+            # Refused, not clamped: a clamped priority would silently reorder
+            # the tenant's runs in a way it did not ask for.
+            return ValidationError(
+                "priority", f"must be between {lo} and {hi} for tenant {tenant!r} in pool "
+                            f"{pool!r} (the band an admin set), got {priority}")
+        if key is not None:
+            found = await rows("run_get_by_keys", {"pool": pool, "tenant": tenant,
+                                                   "keys": [key]}, self.conn)
+            if found:
+                return IdempotencyConflict(found[0]["id"], key)
+        return None
 
 
 class QueueStore(Executor):
@@ -57,109 +106,132 @@ class QueueStore(Executor):
         max_attempts: int | None = None,
         budget: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        run_at: datetime | None = None,
+        delay_s: float | None = None,
+        notify: bool = True,
         conn: Conn | None = None,
     ) -> EnqueueResult:
-        run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key)
-        (result,) = await self.enqueue_many(pool, [run], conn=conn)
+        run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key,
+                     labels, run_at, delay_s)
+        (result,) = await self.enqueue_many(pool, [run], notify=notify, conn=conn)
         return result
 
     async def enqueue_many(
-        self, pool: str, runs: Sequence[NewRun], *, conn: Conn | None = None
+        self, pool: str, runs: Sequence[NewRun], *, notify: bool = True,
+        conn: Conn | None = None
     ) -> list[EnqueueResult]:
         """Enqueue a batch in one INSERT; results in the order given.
 
-        All or nothing: an invalid item, an unknown pool or an idempotency key
-        reused with another input writes none of the batch.
+        All or nothing: an invalid item, an unknown pool, a priority outside
+        the tenant's band or an idempotency key reused with another input
+        writes none of the batch. A batch of several raises BatchRefused,
+        which names every refused item by index; a single run raises the
+        item's own error (UnknownPool, ValidationError, IdempotencyConflict).
+        `notify` False leaves waking the pools' claimers to the caller, after
+        the commit (see api/wakeups.py): a NOTIFY inside the transaction
+        serializes all notifying commits on the server.
         """
         bounds.check_pool(pool)
         if not runs:
             return []
-        ids: list[UUID] = []
-        tenants: list[str] = []
-        priorities: list[int] = []
-        attempts: list[int | None] = []
-        budgets: list[str] = []
-        inputs: list[str] = []
-        keys: list[str | None] = []
-        seen_keys: set[tuple[str, str]] = set()
+        params, errors = self._enqueue_params(pool, runs)
+        params["notify"] = notify
+        if errors:
+            raise errors[0][1] if len(runs) == 1 else BatchRefused([
+                ItemError(i, "invalid_request", e.field, e.message) for i, e in errors])
+        if len(runs) == 1 and conn is None:
+            # One statement, its own transaction: one round trip, the submit's hot path.
+            rows = await self._rows("run_enqueue", params)
+            return await self._results(runs, params, rows, None)
+        async with self.connection(conn) as c, c.transaction():
+            rows = await self._rows("run_enqueue", params, c)
+            return await self._results(runs, params, rows, c)
+
+    def _enqueue_params(self, pool: str, runs: Sequence[NewRun]
+                        ) -> tuple[dict[str, Any], list[tuple[int, ValidationError]]]:
+        """The statement's parameters: the runs as one JSON array (values
+        validated, texts spliced in as checked), and what was refused."""
+        cols: dict[str, list[Any]] = {k: [] for k in (
+            "ids", "pools", "tenants", "priorities", "keys")}
+        docs: list[str] = []
+        errors: list[tuple[int, ValidationError]] = []
+        seen_keys: set[tuple[str, str, str]] = set()
+        now = datetime.now(UTC) if (db_now := self.clock.db_now()) is None else db_now
+        dumps = json.dumps
         for i, run in enumerate(runs):
             where = f"runs[{i}]." if len(runs) > 1 else ""
             try:
-                tenants.append(bounds.check_tenant(run.tenant_id))
-                priorities.append(bounds.check_priority(run.priority))
-                attempts.append(
-                    None
-                    if run.max_attempts is None
-                    else bounds.check_max_attempts(run.max_attempts)
-                )
-                budgets.append(bounds.json_text("budget", bounds.Budget.parse(run.budget).to_json(),
-                                                self.max_input_bytes))
-                inputs.append(bounds.check_object("input", run.input, self.max_input_bytes))
+                run_pool = pool if run.pool is None else bounds.check_pool(run.pool)
+                tenant = bounds.check_tenant(run.tenant_id)
+                priority = bounds.check_priority(run.priority)
+                attempts = (None if run.max_attempts is None
+                            else bounds.check_max_attempts(run.max_attempts))
+                budget = (bounds.json_text("budget", bounds.Budget.parse(run.budget).to_json(),
+                                           self.max_input_bytes)
+                          if run.budget is not None else "{}")
+                input_text = bounds.check_object("input", run.input, self.max_input_bytes)
+                labels = run_options.check_labels(run.labels)
+                run_at, delay_s = run_options.check_start(run.run_at, run.delay_s, now)
                 key = run.idempotency_key
                 if key is not None:
                     bounds.check_idempotency_key(key)
-                    if (run.tenant_id, key) in seen_keys:
+                    if (run_pool, tenant, key) in seen_keys:
                         raise ValidationError("idempotency_key", "repeated within one batch")
-                    seen_keys.add((run.tenant_id, key))
-                keys.append(key)
+                    seen_keys.add((run_pool, tenant, key))
             except ValidationError as exc:
-                raise ValidationError(where + exc.field, exc.message) from None
-            ids.append(uuid7())
+                errors.append((i, ValidationError(where + exc.field, exc.message)
+                               if len(runs) == 1 else exc))
+                continue
+            run_id = uuid7()
+            docs.append(
+                f'{{"ord":{i},"id":"{run_id}","pool":{dumps(run_pool)},'
+                f'"tenant_id":{dumps(tenant)},"priority":{priority},'
+                f'"max_attempts":{dumps(attempts)},"budget_json":{budget},'
+                f'"input_json":{input_text},"idempotency_key":{dumps(key)},'
+                f'"labels":{labels or "null"},'
+                f'"run_at":{dumps(None if run_at is None else run_at.isoformat())},'
+                f'"delay_s":{dumps(delay_s)}}}')
+            for column, value in zip(cols.values(), (run_id, run_pool, tenant, priority, key),
+                                     strict=True):
+                column.append(value)
+        return {**cols, "runs": "[" + ",".join(docs) + "]",
+                "channel_prefix": POOL_CHANNEL_PREFIX}, errors
 
-        params: dict[str, Any] = {
-            "pool": pool,
-            "ids": ids,
-            "tenants": tenants,
-            "priorities": priorities,
-            "max_attempts": attempts,
-            "budgets": budgets,
-            "inputs": inputs,
-            "keys": keys,
-            "channel_prefix": POOL_CHANNEL_PREFIX,
-        }
-        async with self.connection(conn) as c, c.transaction():
-            rows = await self._rows("run_enqueue", params, c)
-            by_key = {(r["tenant_id"], r["idempotency_key"]): r for r in rows}
-            by_id = {r["id"]: r for r in rows}
-            results: list[EnqueueResult] = []
-            for i, (run, run_id, key) in enumerate(zip(runs, ids, keys, strict=True)):
-                row = by_id.get(run_id) or (by_key.get((run.tenant_id, key)) if key else None)
-                if row is None:
-                    try:
-                        await self._explain_missing(pool, run.tenant_id, key, c,
-                                                    run.priority)
-                    except UnknownPool:
-                        raise
-                    except ValidationError as exc:
-                        where = f"runs[{i}]." if len(runs) > 1 else ""
-                        raise ValidationError(where + exc.field, exc.message) from None
-                    raise RunleaseError(f"enqueue returned no row for run {run_id}")
+    async def _results(self, runs: Sequence[NewRun], params: dict[str, Any],
+                       rows: list[Any], c: Conn | None) -> list[EnqueueResult]:
+        by_key = {(r["pool"], r["tenant_id"], r["idempotency_key"]): r for r in rows}
+        by_id = {r["id"]: r for r in rows}
+        results: list[EnqueueResult] = []
+        refused: list[ItemError] = []
+        conflicts: list[IdempotencyConflict] = []
+        explain = _Explainer(self, c)
+        for i, (run_id, pool, tenant, key, priority) in enumerate(zip(
+                params["ids"], params["pools"], params["tenants"], params["keys"],
+                params["priorities"], strict=True)):
+            row = by_id.get(run_id) or (by_key.get((pool, tenant, key)) if key else None)
+            if row is not None:
                 results.append(EnqueueResult(Run.from_row(row), bool(row["inserted"])))
-            return results
+                continue
+            exc = await explain.why(pool, tenant, key, priority)
+            if exc is None:
+                raise RunleaseError(f"enqueue returned no row for run {run_id}")
+            if len(runs) == 1:
+                raise exc  # rolls back
+            if isinstance(exc, IdempotencyConflict):
+                conflicts.append(exc)
+                refused.append(ItemError(i, "idempotency_conflict", "idempotency_key",
+                                         str(exc)))
+            else:
+                assert isinstance(exc, ValidationError)
+                code = "unknown_pool" if isinstance(exc, UnknownPool) else "invalid_request"
+                refused.append(ItemError(i, code, exc.field, exc.message))
+        if refused:  # rolls the batch back
+            if conflicts and len(conflicts) == len(refused):
+                raise BatchConflict(refused, conflicts[0])
+            raise BatchRefused(refused)
+        return results
 
-    async def _explain_missing(self, pool: str, tenant: str, key: str | None, c: Conn,
-                               priority: int | None = None) -> None:
-        """A row the insert did not return: the pool is unknown, the priority
-        is outside the tenant's band, or the key names a run with another
-        input. Raising rolls the batch back."""
-        if not await self._rows("pool_get", {"name": pool}, c):
-            raise UnknownPool(pool)
-        band = await self._rows("tenant_band_get", {"pool": pool, "tenant": tenant}, c)
-        lo, hi = ((band[0]["priority_min"], band[0]["priority_max"]) if band else (None, None))
-        lo = bounds.PRIORITY_MIN if lo is None else lo
-        hi = bounds.PRIORITY_MAX if hi is None else hi
-        if priority is not None and not lo <= priority <= hi:
-            # Refused, not clamped: a clamped priority would silently reorder
-            # the tenant's runs in a way it did not ask for.
-            raise ValidationError(
-                "priority", f"must be between {lo} and {hi} for tenant {tenant!r} in pool "
-                            f"{pool!r} (the band an admin set), got {priority}")
-        if key is not None:
-            rows = await self._rows(
-                "run_get_by_keys", {"pool": pool, "tenant": tenant, "keys": [key]}, c
-            )
-            if rows:
-                raise IdempotencyConflict(rows[0]["id"], key)
 
     async def request_cancel(
         self, run_id: UUID, *, tenant_id: str | None = None, strict: bool = False,
@@ -246,28 +318,12 @@ class QueueStore(Executor):
         before: UUID | None = None,
         conn: Conn | None = None,
     ) -> list[Run]:
-        """Newest first; pass the last id of a page as `before` for the next."""
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise ValidationError("limit", f"must be between 1 and {MAX_LIST_LIMIT}")
-        if status is not None:
-            try:
-                status = RunStatus(status)
-            except ValueError:
-                raise ValidationError(
-                    "status", f"must be one of {', '.join(s.value for s in RunStatus)}"
-                ) from None
-        rows = await self._rows(
-            "run_list" if tenant_id is None else "run_list_tenant",
-            {
-                "tenant": tenant_id,
-                "pool": pool,
-                "status": None if status is None else str(status),
-                "before": before,
-                "limit": limit,
-            },
-            conn,
-        )
-        return [Run.from_row(r) for r in rows]
+        """Newest first; pass the last id of a page as `before` for the next.
+        More filters: RunStore.search with a RunFilter."""
+        f = RunFilter(tenant_id=tenant_id, pool=pool,
+                      statuses=() if status is None else (status,))  # type: ignore[arg-type]
+        return await SearchStore.search(self, f, limit=limit,  # type: ignore[arg-type]
+                                        before=before, conn=conn)
 
     async def delete_finished(
         self, retention_s: int, *, batch: int = 1000, conn: Conn | None = None

@@ -1,4 +1,10 @@
-"""Read-only queue statistics for the operator and metrics (sql/stats.sql)."""
+"""Queue statistics for the operator, metrics and the console (sql/stats.sql).
+
+Pending, delayed and dead runs are counted as they change (triggers append
+deltas; the reaper's leader folds them: fold_counts), so a read costs the
+same with a million runs waiting as with none; leased runs are counted from
+their partial index, bounded by what is in flight.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +38,10 @@ class QueueStats:
         return sum(self.dead_by_code.values())
 
 
+# Folds that moved this many deltas vacuum the deltas table after.
+VACUUM_AFTER = 5_000
+
+
 class StatsStore(Executor):
     """Counts by pool for autoscaling and gauges."""
 
@@ -56,6 +66,18 @@ class StatsStore(Executor):
         """Leased runs per holder: the first part of locked_by (a pod's UID)."""
         rows = await self._rows("pool_leases_by_holder", {"pool": pool}, conn)
         return {r["holder"]: int(r["n"]) for r in rows}
+
+    async def fold_counts(self, *, conn: Conn | None = None) -> int:
+        """Fold the count deltas into the totals (the reaper's leader, every
+        pass); returns the deltas folded."""
+        rows = await self._rows("counts_fold", {}, conn)
+        await self._rows("counts_prune", {}, conn)
+        deltas = int(rows[0]["deltas"])
+        # VACUUM cannot run in a transaction: only on a pooled (autocommit)
+        # connection of our own.
+        await self._rows("counts_vacuum" if deltas >= VACUUM_AFTER and conn is None
+                         else "counts_touch", {}, conn)
+        return deltas
 
     async def lease_expiries(self, pool: str, window_s: float, *,
                              conn: Conn | None = None) -> int:

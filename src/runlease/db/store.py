@@ -5,6 +5,7 @@ each concern, each beside its statements in `sql/`:
 
     executor.py   named statements, connections, fencing, error translation
     runs.py       enqueue, read, cancel, redrive, reap, retention  (runs.sql)
+    run_search.py runs by filter (RunFilter), composed per filter
     leases.py     a worker's claim, heartbeat, ack, nack, fail...  (runs.sql)
     events.py     events and durable steps      (run_events.sql, run_steps.sql)
     pools.py      pools and per-tenant settings (pools.sql)
@@ -27,6 +28,7 @@ from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
+from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.stats import QueueStats, StatsStore
 from runlease.db.workers import Registration, WorkerRow, WorkerStore
@@ -40,12 +42,13 @@ __all__ = [
     "QueueStats",
     "Registration",
     "Rendered",
+    "RunFilter",
     "RunStore",
     "WorkerRow",
     "stale_writes",
 ]
 
 
-class RunStore(QueueStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore,
-               ConsoleStore, WorkerStore):
+class RunStore(QueueStore, SearchStore, LeaseStore, EventStore, PoolStore, LeaderStore,
+               StatsStore, WorkerStore, ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -1,5 +1,5 @@
-"""The reaper: expired leases back to the queue, retention, and the workers
-registry's stale rows.
+"""The reaper: expired leases back to the queue, retention, the workers
+registry's stale rows, and folding the queue counts' deltas.
 
 Reaping reads the leases of workers whose registry row expired (or that
 have none), not every lease; a lease that expired while its worker lives
@@ -61,6 +61,7 @@ class Reaper(PeriodicService):
         await self.reap()
         await self.retain()
         await self.forget_workers()
+        await self.store.fold_counts()
 
     async def sweep(self) -> list[UUID]:
         """One window of the slow sweep: the expired leases in it."""

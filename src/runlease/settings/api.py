@@ -43,6 +43,9 @@ class ApiSettings:
         (), "Origins allowed by CORS (comma-separated), for browsers on other origins.")
     max_request_bytes: int = setting(1024 * 1024, "Largest request body accepted.",
                                      minimum=1024, maximum=64 * 1024 * 1024)
+    max_batch_request_bytes: int = setting(
+        16 * 1024 * 1024, "Largest body of a batch submit (POST /v1/runs/batch, up to 1,000 "
+                          "runs).", minimum=1024, maximum=256 * 1024 * 1024)
     max_input_bytes: int = setting(256 * 1024, "Largest run input (JSON) accepted.",
                                    minimum=2, maximum=16 * 1024 * 1024)
     sse_keepalive_s: float = setting(15.0, "Seconds between keepalive comments on an idle "

@@ -37,6 +37,7 @@ from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
 from runlease.worker.toolenv import run_vars
 from runlease.worker.tools import ToolRunner
+from runlease.worker.waits import Flag, first_of
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +90,14 @@ class RunHandle:
                                 run_env=run_vars(self.rid, lease.run.attempts, lease.epoch))
         self.reason: StopReason | None = None
         self.task: asyncio.Task[Any] | None = None
-        self.finished = asyncio.Event()
+        self.finished = Flag()
         # Set when this attempt has really ended (an abandoned agent task
         # included): only then may a newer attempt of the run start.
-        self.ended = asyncio.Event()
+        self.ended = Flag()
         # The older attempt of the same run this one waits for, if any.
         self.previous = previous
         # Set by every stop and cancel: wakes an attempt waiting for `previous`.
-        self.stopping = asyncio.Event()
+        self.stopping = Flag()
         # Resolved when the lease is lost or self-fenced: whatever waits on the
         # run stops waiting. A future, not an Event, so racing it costs no task.
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -179,26 +180,6 @@ class RunHandle:
     def _cancel_task(self) -> None:
         if self.task is not None and not self.task.done():
             self.task.cancel()
-
-
-async def _first_of(a: asyncio.Future[Any], b: asyncio.Future[Any]) -> None:
-    """Until a or b is done: asyncio.wait({a, b}, return_when=FIRST_COMPLETED)
-    without its sets, per-future wrapping and result sets. Every run of a busy
-    worker waits like this once or twice (py-spy: asyncio.wait was an eighth
-    of a draining worker's time)."""
-    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def wake(_: object) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    a.add_done_callback(wake)
-    b.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        a.remove_done_callback(wake)
-        b.remove_done_callback(wake)
 
 
 class Runner:
@@ -304,7 +285,7 @@ class Runner:
         wind down and abandon it (a write stuck on a dead socket must not hold
         the slot), raising LeaseLost."""
         if not task.done() and not handle.lost.done():
-            await _first_of(task, handle.lost)
+            await first_of(task, handle.lost)
         if not task.done():
             # One cancellation, not a second one into the agent's own cleanup
             # (stop() may have cancelled it already).

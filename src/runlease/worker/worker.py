@@ -31,6 +31,7 @@ from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
 from runlease.db.pooler import check_behind_pooler
 from runlease.db.store import Registration, Rendered, RunStore
+from runlease.db.workers import MAX_WORKER_ID_CHARS
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
 from runlease.services.identity import worker_id
@@ -72,6 +73,8 @@ class Worker:
         self.url: str = settings.database_url
         self.agent: Agent = agent or load_agent(settings.agent, settings.app_dir)
         self.identity = identity or worker_id()
+        if len(self.identity) > MAX_WORKER_ID_CHARS:  # its registry row would refuse it
+            raise SettingsError(f"the worker identity is over {MAX_WORKER_ID_CHARS} characters")
         self.handle_signals = handle_signals
         self.tool_grant = tool_grant
         self.seal_environ = seal_environ

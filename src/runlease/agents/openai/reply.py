@@ -59,8 +59,10 @@ class Reply:
             finish_reason = getattr(choice, "finish_reason", None)
             if isinstance(finish_reason, str):
                 self.finish_reason = finish_reason
-        usage = getattr(chunk, "usage", None)
-        if usage is not None and hasattr(usage, "model_dump"):
+        usage: Any = getattr(chunk, "usage", None)
+        if isinstance(usage, dict):
+            self.usage = usage
+        elif usage is not None and hasattr(usage, "model_dump"):
             self.usage = usage.model_dump(exclude_none=True)
         text = text.replace("\x00", "\ufffd")  # jsonb refuses NUL, and deltas are stored
         self.content.append(text)

@@ -15,55 +15,58 @@
 
 
 -- name: run_enqueue
--- One run or a batch, as one multi-row INSERT from parallel arrays.
+-- One run or a batch (of one or many pools), as one multi-row INSERT from
+-- one JSON array of runs (one parameter: cheaper to send than parallel arrays).
 -- Fairness: a tenant's runs join the pool's fair order at max(the order's
 -- head, the end of the tenant's own pending line), whatever their priority,
 -- so a tenant with 10 runs is interleaved with one that has 10,000 instead of
 -- queued behind them (runs in backoff hold no place in these lines), and a
 -- high priority buys no place ahead of another tenant (it orders the tenant's own runs; see runlease_claim). A run whose
--- priority is outside the tenant's band (agent_run_tenant_limits) is not
--- inserted; the store explains the missing row. A repeated idempotency key
--- returns the existing run (inserted = false) when the input is the same and
--- no row when it differs.
+-- priority is outside the tenant's band (agent_run_tenant_limits), or whose
+-- pool does not exist, is not inserted; the store explains the missing row.
+-- A repeated idempotency key returns the existing run (inserted = false)
+-- when the input is the same and no row when it differs.
+-- A run for later (run_at / delay_s, by the database clock) is inserted
+-- delayed: out of the claim's indexes until runlease_claim promotes it.
 WITH clock AS (
     SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), pool AS (
-    SELECT * FROM agent_run_pools WHERE name = %(pool)s
 ), input AS (
-    SELECT *
-      FROM unnest(%(ids)s::uuid[], %(tenants)s::text[], %(priorities)s::integer[],
-                  %(max_attempts)s::integer[], %(budgets)s::jsonb[], %(inputs)s::jsonb[],
-                  %(keys)s::text[])
-           WITH ORDINALITY
-           AS i (id, tenant_id, priority, max_attempts, budget_json, input_json,
-                 idempotency_key, ord)
+    SELECT i.*,
+           greatest(coalesce(i.run_at, clock.ts + make_interval(secs => i.delay_s), clock.ts),
+                    clock.ts) AS due
+      FROM jsonb_to_recordset(%(runs)s::jsonb)
+           AS i (ord integer, id uuid, pool text, tenant_id text, priority integer,
+                 max_attempts integer, budget_json jsonb, input_json jsonb,
+                 idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8),
+           clock
 ), lanes AS (
-    SELECT l.tenant_id,
+    SELECT l.pool, l.tenant_id,
            greatest(
                (SELECT max(r.fair_seq) + 1 FROM agent_runs r
-                 WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
+                 WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
                    AND r.tenant_id = l.tenant_id),
                coalesce(
                    (SELECT r.fair_seq FROM agent_runs r, clock
-                     WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
+                     WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
                        AND r.available_at <= clock.ts
                      ORDER BY r.fair_seq LIMIT 1),
                    (SELECT r.fair_seq FROM agent_runs r
-                     WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
+                     WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
                      ORDER BY r.fair_seq LIMIT 1),
                    0)) AS base
-      FROM (SELECT DISTINCT tenant_id FROM input) l
+      FROM (SELECT DISTINCT pool, tenant_id FROM input) l
 ), ins AS (
     INSERT INTO agent_runs AS r
            (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
-            idempotency_key, available_at, created_at, updated_at)
+            idempotency_key, available_at, created_at, updated_at, delayed, labels)
     SELECT i.id, pool.name, i.tenant_id, i.priority,
-           lanes.base + row_number() OVER (PARTITION BY i.tenant_id ORDER BY i.ord) - 1,
+           lanes.base + row_number() OVER (PARTITION BY i.pool, i.tenant_id ORDER BY i.ord) - 1,
            coalesce(i.max_attempts, pool.max_attempts), i.budget_json, i.input_json,
-           i.idempotency_key, clock.ts, clock.ts, clock.ts
+           i.idempotency_key, i.due, clock.ts, clock.ts, i.due > clock.ts,
+           coalesce(i.labels, '{}'::jsonb)
       FROM input i
-      JOIN lanes USING (tenant_id)
-     CROSS JOIN pool
+      JOIN lanes USING (pool, tenant_id)
+      JOIN agent_run_pools pool ON pool.name = i.pool
      CROSS JOIN clock
       LEFT JOIN agent_run_tenant_limits band
         ON band.pool = pool.name AND band.tenant_id = i.tenant_id
@@ -77,9 +80,18 @@ WITH clock AS (
 ), indexed AS (
     INSERT INTO agent_run_tenant_index (tenant_id, run_id)
     SELECT ins.tenant_id, ins.id FROM ins WHERE ins.inserted
+), labelled AS (
+    INSERT INTO agent_run_labels (tenant_id, key, value, run_id)
+    SELECT ins.tenant_id, l.key, l.value, ins.id
+      FROM ins CROSS JOIN LATERAL jsonb_each_text(ins.labels) l
+     WHERE ins.inserted
 ), notify AS (
-    SELECT count(pg_notify(%(channel_prefix)s || %(pool)s, %(pool)s)) AS n
-     WHERE EXISTS (SELECT 1 FROM ins WHERE ins.inserted)
+    -- Runs for later wake nobody: the claim that promotes them finds them.
+    -- notify false: the caller wakes the pool after the commit instead (a
+    -- NOTIFY in the transaction serializes every notifying commit).
+    SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
+      FROM (SELECT DISTINCT ins.pool FROM ins
+             WHERE ins.inserted AND NOT ins.delayed AND %(notify)s::boolean) p
 )
 SELECT ins.* FROM ins CROSS JOIN notify;
 
@@ -177,8 +189,8 @@ WITH upd AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -231,8 +243,8 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -264,8 +276,8 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -302,8 +314,8 @@ WITH clock AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd WHERE upd.status = 'pending') p
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -335,8 +347,8 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -366,8 +378,8 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 -- The Stop's whole latency, by the database clock: request to cancelled.
@@ -450,8 +462,8 @@ WITH RECURSIVE clock AS (
     SELECT count(pg_notify(%(channel_prefix)s || p.pool, p.pool)) AS n
       FROM (SELECT DISTINCT upd.pool FROM upd) p
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.id, upd.pool, upd.tenant_id, upd.status
@@ -492,8 +504,8 @@ WITH clock AS (
 ), notify AS (
     SELECT count(pg_notify(%(channel_prefix)s || upd.pool, upd.pool)) AS n FROM upd
 ), events_notify AS (
-    -- Streams following the run learn of it from this, not by polling.
-    SELECT count(pg_notify(%(events_channel)s, upd.id::text || ':' || upd.event_seq)) AS n
+    -- channels.EVENTS_CHANNEL: streams following the run learn of it here, not by polling.
+    SELECT count(pg_notify('runlease_events', upd.id::text || ':' || upd.event_seq)) AS n
       FROM upd
 )
 SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
@@ -563,10 +575,15 @@ WITH RECURSIVE cutoff AS (
 ), deleted AS (
     -- By primary key, whatever the planner guesses of the batch's size.
     DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
-    RETURNING r.id, r.tenant_id
+    RETURNING r.id, r.tenant_id, r.labels
 ), unindexed AS (
     DELETE FROM agent_run_tenant_index t USING deleted
      WHERE t.tenant_id = deleted.tenant_id AND t.run_id = deleted.id
+), unlabelled AS (
+    DELETE FROM agent_run_labels l
+     USING deleted CROSS JOIN LATERAL jsonb_each_text(deleted.labels) d
+     WHERE l.tenant_id = deleted.tenant_id AND l.key = d.key AND l.value = d.value
+       AND l.run_id = deleted.id
 )
 SELECT id FROM deleted;
 
@@ -598,9 +615,14 @@ WITH clock AS (
 ), deleted AS (
     -- By primary key, whatever the planner guesses of the batch's size.
     DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
-    RETURNING r.id, r.pool, r.tenant_id
+    RETURNING r.id, r.pool, r.tenant_id, r.labels
 ), unindexed AS (
     DELETE FROM agent_run_tenant_index t USING deleted
      WHERE t.tenant_id = deleted.tenant_id AND t.run_id = deleted.id
+), unlabelled AS (
+    DELETE FROM agent_run_labels l
+     USING deleted CROSS JOIN LATERAL jsonb_each_text(deleted.labels) d
+     WHERE l.tenant_id = deleted.tenant_id AND l.key = d.key AND l.value = d.value
+       AND l.run_id = deleted.id
 )
 SELECT id, pool FROM deleted;

@@ -92,6 +92,9 @@ CREATE TABLE agent_runs (
     -- claim's indexes until its time comes (runlease_claim promotes it), so
     -- runs waiting for minutes cost a claim nothing.
     delayed             boolean     NOT NULL DEFAULT false,
+    -- The run's labels, a string map (bounded in core/bounds.py); found
+    -- through agent_run_labels, never through an index here.
+    labels              jsonb       NOT NULL DEFAULT '{}'::jsonb,
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased
@@ -160,6 +163,13 @@ CREATE INDEX agent_runs_finished_idx
     ON agent_runs (pool, finished_at)
     WHERE finished_at IS NOT NULL;
 
+-- Queue stats: the oldest ready run's wait (one descent), not a scan of the
+-- pool's pending runs. available_at changes only on transitions that are not
+-- HOT anyway.
+CREATE INDEX agent_runs_ready_idx
+    ON agent_runs (pool, available_at)
+    WHERE status = 'pending' AND NOT delayed;
+
 -- A tenant's runs, newest first (ids are UUIDv7, so id order is creation
 -- order), for listing. A side table written once at enqueue instead of an
 -- index on agent_runs: every claim and ack is a non-HOT update that adds an
@@ -172,6 +182,21 @@ CREATE TABLE agent_run_tenant_index (
     run_id    uuid NOT NULL,
     PRIMARY KEY (tenant_id, run_id)
 );
+
+-- A run's labels, one row each, written once at enqueue (labels never
+-- change): finding a tenant's runs by label is one range scan, newest first,
+-- instead of an index on agent_runs that every claim and ack would update.
+-- Deleted with the runs by the retention statements (no foreign key, as above).
+CREATE TABLE agent_run_labels (
+    tenant_id text NOT NULL,
+    key       text NOT NULL,
+    value     text NOT NULL,
+    run_id    uuid NOT NULL,
+    PRIMARY KEY (tenant_id, key, value, run_id)
+);
+
+-- Admins search a label across tenants.
+CREATE INDEX agent_run_labels_any_tenant_idx ON agent_run_labels (key, value, run_id);
 
 -- Events of a run, in order. seq is handed out under the run's row lock, so
 -- events become visible in seq order and a stream can resume after any seq.
@@ -226,6 +251,104 @@ CREATE TABLE agent_run_workers (
     heartbeat_at timestamptz NOT NULL,
     expires_at   timestamptz NOT NULL
 ) WITH (fillfactor = 50);
+
+-- Queue counts kept as they change (runlease.db.stats): the operator's
+-- autoscaler and the console read them every few seconds, and counting a
+-- million pending runs each time cost a scan of them all. Only the states
+-- that can grow without bound are counted: pending (ready), delayed (pending
+-- in backoff) and dead (by error code); leased runs are counted from
+-- agent_runs_leased_idx (bounded by what is in flight). A change appends a
+-- delta row (insert-only: no row every writer updates); the reaper's leader
+-- folds the deltas into agent_run_counts every pass; a read sums both.
+CREATE TABLE agent_run_counts (
+    pool       text   NOT NULL,
+    tenant_id  text   NOT NULL,
+    state      text   NOT NULL CHECK (state IN ('pending', 'delayed', 'dead')),
+    -- '' unless dead.
+    error_code text   NOT NULL DEFAULT '',
+    n          bigint NOT NULL,
+    PRIMARY KEY (pool, tenant_id, state, error_code)
+);
+
+CREATE TABLE agent_run_count_deltas (
+    pool       text   NOT NULL,
+    tenant_id  text   NOT NULL,
+    state      text   NOT NULL,
+    error_code text   NOT NULL DEFAULT '',
+    n          bigint NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+
+-- The counted state of a run ('' when it is in none: leased, done, cancelled).
+CREATE FUNCTION runlease_counted_state(p_status text, p_delayed boolean) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
+            WHEN p_status IN ('pending', 'dead') THEN p_status
+            ELSE '' END;
+
+-- Inserts and deletes: one statement-level trigger each, one delta row per
+-- (pool, tenant, state) of the statement (a batch enqueue of 1,000 runs
+-- appends one row). Updates: a row-level trigger whose WHEN passes only a
+-- change of counted state, so heartbeats, acks and cancels of leased runs
+-- (most updates) fire nothing.
+CREATE FUNCTION runlease_count_rows() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
+        SELECT r.pool, r.tenant_id, runlease_counted_state(r.status, r.delayed),
+               CASE WHEN r.status = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
+               count(*)
+          FROM new_rows r
+         WHERE runlease_counted_state(r.status, r.delayed) <> ''
+         GROUP BY 1, 2, 3, 4;
+    ELSE
+        INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
+        SELECT r.pool, r.tenant_id, runlease_counted_state(r.status, r.delayed),
+               CASE WHEN r.status = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
+               -count(*)
+          FROM old_rows r
+         WHERE runlease_counted_state(r.status, r.delayed) <> ''
+         GROUP BY 1, 2, 3, 4;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION runlease_count_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_old text := runlease_counted_state(OLD.status, OLD.delayed);
+    v_new text := runlease_counted_state(NEW.status, NEW.delayed);
+BEGIN
+    INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
+    SELECT d.pool, d.tenant_id, d.state, d.error_code, d.n
+      FROM (VALUES (OLD.pool, OLD.tenant_id, v_old,
+                    CASE WHEN v_old = 'dead' THEN coalesce(OLD.error_code, '') ELSE '' END,
+                    -1::bigint),
+                   (NEW.pool, NEW.tenant_id, v_new,
+                    CASE WHEN v_new = 'dead' THEN coalesce(NEW.error_code, '') ELSE '' END,
+                    1::bigint)) AS d (pool, tenant_id, state, error_code, n)
+     WHERE d.state <> '';
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER agent_runs_count_insert AFTER INSERT ON agent_runs
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION runlease_count_rows();
+
+CREATE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION runlease_count_rows();
+
+CREATE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
+    FOR EACH ROW
+    WHEN (runlease_counted_state(OLD.status, OLD.delayed)
+              IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
+          OR (NEW.status = 'dead' AND OLD.error_code IS DISTINCT FROM NEW.error_code)
+          OR OLD.pool IS DISTINCT FROM NEW.pool
+          OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id)
+    EXECUTE FUNCTION runlease_count_change();
 
 -- Claim up to p_n runs of a pool for one worker: one call, one short
 -- transaction, plans cached by PL/pgSQL.

@@ -1,0 +1,203 @@
+"""Finding runs by filter: the typed filter and the one place it becomes SQL.
+
+Listing, the console and bulk actions (cancel, redrive by filter) all take a
+`RunFilter` and get their statement from `select_runs`, so a filter means the
+same rows everywhere and is tenant-scoped the same way: with `tenant_id` set,
+nothing of another tenant can match, whatever the other fields hold.
+
+The statement is composed, not a fixed text: each filter has its own index
+to start from (a fixed statement with `%s IS NULL OR ...` gets one plan for
+all of them). Every value is a parameter; statuses are validated enum values.
+Which index drives the scan, newest first (ids are UUIDv7, creation-ordered):
+
+    idempotency_key   agent_runs_idempotency_idx (pool, tenant, key)
+    label             agent_run_labels (tenant, key, value, run_id), or
+                      (key, value, run_id) for an admin across tenants
+    status=dead       agent_runs_dead_idx (id)
+    otherwise         agent_run_tenant_index (tenant, run_id), or the primary
+                      key for an admin across tenants
+
+The other filters narrow that scan; created_* and finished_before also bound
+it by id (a run is created, and finishes, after its id's time). None of these
+indexes is on a column a claim, ack or heartbeat changes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from psycopg import sql
+
+from runlease.core import bounds, run_options
+from runlease.core.states import RunStatus
+from runlease.db.executor import Conn, Executor
+from runlease.db.models import Run
+from runlease.errors import ValidationError
+
+MAX_LABEL_FILTERS = run_options.LABELS_MAX
+MAX_LIMIT = 500
+# Ids carry the API host's clock, created_at and finished_at the database's:
+# id bounds are widened by this much so a skewed clock loses no run (the
+# exact comparison on the timestamp column still applies).
+CLOCK_SKEW = timedelta(minutes=5)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilter:
+    """Which runs: every field given must match (AND); statuses and labels
+    are lists (any of the statuses, all of the labels). `tenant_id` None is
+    every tenant's runs: only for admins; the API sets it from the token."""
+
+    tenant_id: str | None = None
+    statuses: tuple[RunStatus, ...] = ()
+    pool: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None
+    idempotency_key: str | None = None
+
+    def validated(self) -> RunFilter:
+        """This filter, or a ValidationError naming the field at fault."""
+        if self.tenant_id is not None:
+            bounds.check_tenant(self.tenant_id)
+        if self.pool is not None:
+            bounds.check_pool(self.pool)
+        statuses = []
+        for s in self.statuses:
+            try:
+                statuses.append(RunStatus(s))
+            except ValueError:
+                raise ValidationError(
+                    "status", f"must be one of {', '.join(x.value for x in RunStatus)}"
+                ) from None
+        if len(self.labels) > MAX_LABEL_FILTERS:
+            raise ValidationError("label", f"at most {MAX_LABEL_FILTERS} label filters")
+        for key, value in self.labels:
+            run_options.check_label_key("label", key)
+            run_options.check_label_value("label", value)
+        for name in ("created_after", "created_before", "finished_after", "finished_before"):
+            stamp = getattr(self, name)
+            if stamp is not None and (not isinstance(stamp, datetime) or stamp.tzinfo is None):
+                raise ValidationError(name, "must be an RFC 3339 time with its offset")
+        if self.idempotency_key is not None:
+            bounds.check_idempotency_key(self.idempotency_key)
+            if self.tenant_id is None:
+                raise ValidationError("idempotency_key", "a key is a tenant's own: give "
+                                                         "`tenant` with it")
+        return self
+
+
+def uuid_floor(at: datetime) -> UUID:
+    """The smallest UUIDv7 of `at`'s millisecond."""
+    ms = max(0, int(at.timestamp() * 1000))
+    return UUID(int=(ms & ((1 << 48) - 1)) << 80)
+
+
+ALL_COLUMNS = sql.SQL("r.*")
+# Each side-table row's run, by primary key, in the side table's order. OFFSET
+# 0 keeps the planner from flattening it into a join: estimating a status
+# rare, it would read all of agent_runs and hash-join; this way a page costs
+# its runs' lookups, newest first, until the page is full.
+BY_ID = sql.SQL(" CROSS JOIN LATERAL (SELECT * FROM agent_runs x WHERE x.id = d.run_id "
+                "OFFSET 0) r")
+
+
+def select_runs(f: RunFilter, *, limit: int | None = None, before: UUID | None = None,
+                columns: sql.Composable = ALL_COLUMNS) -> tuple[sql.Composed, dict[str, Any]]:
+    """The statement for the runs `f` matches, newest first, with `before`
+    (a run id, the last of the previous page) as the keyset cursor, and its
+    parameters. `columns` is over `r` (agent_runs), e.g. sql.SQL("r.id")."""
+    p: dict[str, Any] = {}
+    where: list[sql.Composable] = []
+    if f.tenant_id is not None:
+        p["tenant"] = f.tenant_id
+        where.append(sql.SQL("r.tenant_id = %(tenant)s"))
+    source, key = _source(f, p, where)
+    _narrow(f, key, p, where)
+    if before is not None:
+        p["before"] = before
+        where.append(sql.SQL("{} < %(before)s").format(key))
+    query = sql.SQL("SELECT {columns} FROM {source}{where} ORDER BY {key} DESC").format(
+        columns=columns, source=source, key=key,
+        where=sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""))
+    if limit is not None:
+        p["limit"] = limit
+        query += sql.SQL(" LIMIT %(limit)s")
+    return query, p
+
+
+def _source(f: RunFilter, p: dict[str, Any],
+            where: list[sql.Composable]) -> tuple[sql.Composable, sql.Composable]:
+    """Where the scan starts (see the module's docstring), and its id column."""
+    if f.idempotency_key is not None:
+        # The key's index leads with the pool: every pool, one descent each.
+        p["key"] = f.idempotency_key
+        where.append(sql.SQL("r.idempotency_key = %(key)s AND r.pool = ANY ("
+                             + ("ARRAY[%(pool)s::text]" if f.pool is not None
+                                else "ARRAY(SELECT name FROM agent_run_pools)") + ")"))
+        return sql.SQL("agent_runs r"), sql.SQL("r.id")
+    if f.labels:
+        p["label_key"], p["label_value"] = f.labels[0]
+        where.append(sql.SQL("d.key = %(label_key)s AND d.value = %(label_value)s"))
+        if f.tenant_id is not None:
+            where.append(sql.SQL("d.tenant_id = %(tenant)s"))
+        if len(f.labels) > 1:
+            wanted = dict(f.labels)
+            if len(wanted) < len(set(f.labels)):  # two values for one key: nothing matches
+                where.append(sql.SQL("false"))
+            p["labels"] = json.dumps(wanted)
+            where.append(sql.SQL("r.labels @> %(labels)s::jsonb"))
+        return sql.SQL("agent_run_labels d") + BY_ID, sql.SQL("d.run_id")
+    if f.tenant_id is not None and tuple(f.statuses) != (RunStatus.DEAD,):
+        where.append(sql.SQL("d.tenant_id = %(tenant)s"))
+        return sql.SQL("agent_run_tenant_index d") + BY_ID, sql.SQL("d.run_id")
+    # Every tenant's runs by primary key; or a tenant's dead ones through
+    # agent_runs_dead_idx (dead runs are few, and may be far back in a
+    # tenant's line).
+    return sql.SQL("agent_runs r"), sql.SQL("r.id")
+
+
+def _narrow(f: RunFilter, key: sql.Composable, p: dict[str, Any],
+            where: list[sql.Composable]) -> None:
+    """The other filters, on the run's own columns (and bounds on the id)."""
+    if f.statuses:
+        where.append(sql.SQL("r.status IN ({})").format(
+            sql.SQL(", ").join(sql.Literal(RunStatus(s).value) for s in f.statuses)))
+    if f.pool is not None:
+        p["pool"] = f.pool
+        where.append(sql.SQL("r.pool = %(pool)s"))
+    for name, op, column, bound in (
+            ("created_after", ">=", "created_at", -CLOCK_SKEW),
+            ("created_before", "<", "created_at", CLOCK_SKEW),
+            ("finished_after", ">=", "finished_at", None),
+            ("finished_before", "<", "finished_at", CLOCK_SKEW)):
+        at: datetime | None = getattr(f, name)
+        if at is None:
+            continue
+        p[name] = at
+        where.append(sql.SQL("r.{} {} {}").format(sql.Identifier(column), sql.SQL(op),
+                                                   sql.Placeholder(name)))
+        if bound is not None:
+            p[name + "_id"] = uuid_floor(at + bound)
+            where.append(sql.SQL("{} {} {}").format(key, sql.SQL(op),
+                                                    sql.Placeholder(name + "_id")))
+
+
+class SearchStore(Executor):
+    """Runs by filter, a page at a time (the API's GET /v1/runs)."""
+
+    async def search(self, f: RunFilter, *, limit: int = 50, before: UUID | None = None,
+                     conn: Conn | None = None) -> list[Run]:
+        """Newest first; pass the last id of a page as `before` for the next."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+            raise ValidationError("limit", f"must be between 1 and {MAX_LIMIT}")
+        query, params = select_runs(f.validated(), limit=limit, before=before)
+        async with self.connection(conn) as c, c.cursor() as cur:
+            await cur.execute(query, params)
+            return [Run.from_row(r) for r in await cur.fetchall()]

@@ -1,0 +1,272 @@
+"""Labels and search: GET /v1/runs filters, tenant scoping, cursor pages, and
+the index each filter starts from (EXPLAIN over enough rows that a missing
+index would show as a sequential scan)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg import sql
+
+from runlease.client import AsyncClient, Client
+from runlease.core.states import RunStatus
+from runlease.db.run_search import RunFilter, select_runs
+from runlease.db.store import RunStore
+from tests.support.api import Api
+
+
+async def submit(http: httpx.AsyncClient, body: dict[str, Any], key: str | None = None,
+                 ) -> dict[str, Any]:
+    headers = {"Idempotency-Key": key} if key else {}
+    r = await http.post("/v1/runs", json=body, headers=headers)
+    assert r.status_code in (200, 201), r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+async def ids(http: httpx.AsyncClient, **params: Any) -> list[str]:
+    r = await http.get("/v1/runs", params=params)
+    assert r.status_code == 200, r.text
+    return [item["id"] for item in r.json()["items"]]
+
+
+async def test_labels_are_shown_and_filter_runs(api: Api) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme, \
+            httpx.AsyncClient(base_url=api.url, headers=api.headers("globex")) as globex:
+        a = await submit(acme, {"input": {}, "labels": {"team": "search", "env": "prod"}})
+        b = await submit(acme, {"input": {}, "labels": {"team": "search", "env": "dev"}})
+        c = await submit(acme, {"input": {}, "labels": {"team": "ads"}})
+        g = await submit(globex, {"input": {}, "labels": {"team": "search"}})
+        assert a["labels"] == {"team": "search", "env": "prod"}
+        assert (await acme.get(f"/v1/runs/{c['id']}")).json()["labels"] == {"team": "ads"}
+
+        assert await ids(acme, label="team:search") == [b["id"], a["id"]]
+        assert await ids(acme, label=["team:search", "env:prod"]) == [a["id"]]
+        assert await ids(acme, label=["team:search", "team:ads"]) == []
+        assert await ids(acme, label="team:nobody") == []
+        assert await ids(globex, label="team:search") == [g["id"]]
+        assert await ids(acme) == [c["id"], b["id"], a["id"]]
+
+
+async def test_status_pool_time_and_key_filters(api: Api, live_store: RunStore) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme:
+        await live_store.upsert_pool(__import__("runlease.db.models",
+                                                fromlist=["Pool"]).Pool("other"))
+        first = await submit(acme, {"input": {"n": 1}}, key="k-1")
+        middle = datetime.now(UTC)
+        second = await submit(acme, {"input": {"n": 2}, "pool": "other"}, key="k-1")
+        third = await submit(acme, {"input": {"n": 3}})
+        await acme.post(f"/v1/runs/{third['id']}/cancel")
+
+        assert await ids(acme, status="cancelled") == [third["id"]]
+        assert await ids(acme, status=["pending", "cancelled"]) == [
+            third["id"], second["id"], first["id"]]
+        assert await ids(acme, pool="other") == [second["id"]]
+        assert await ids(acme, created_after=middle.isoformat()) == [third["id"], second["id"]]
+        assert await ids(acme, created_before=middle.isoformat()) == [first["id"]]
+        assert await ids(acme, finished_after=middle.isoformat()) == [third["id"]]
+        later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
+        assert await ids(acme, finished_before=later) == [third["id"]]
+        assert await ids(acme, finished_before=middle.isoformat()) == []
+        assert await ids(acme, idempotency_key="k-1") == [second["id"], first["id"]]
+        assert await ids(acme, idempotency_key="k-1", pool="default") == [first["id"]]
+
+
+async def test_a_tenant_never_finds_another_tenants_runs(api: Api) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme, \
+            httpx.AsyncClient(base_url=api.url, headers=api.headers("globex")) as globex, \
+            httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as admin:
+        theirs = await submit(globex, {"input": {}, "labels": {"team": "x' OR '1'='1"}},
+                              key="shared-key")
+        mine = await submit(acme, {"input": {}, "labels": {"team": "search"}})
+        hostile = [{"label": "team:x' OR '1'='1"}, {"label": "team:%"},
+                   {"idempotency_key": "shared-key"}, {"tenant": "acme"},
+                   {"label": "team:search", "status": "pending"},
+                   {"created_after": "1970-01-01T00:00:00Z"}]
+        for params in hostile:
+            found = await ids(acme, **params)
+            assert theirs["id"] not in found, params
+        assert (await acme.get("/v1/runs", params={"tenant": "globex"})).status_code == 422
+        # Admins see across tenants, or one tenant.
+        assert await ids(admin, tenant="globex") == [theirs["id"]]
+        assert set(await ids(admin, label="team:search")) == {mine["id"]}
+        assert await ids(admin, tenant="globex", idempotency_key="shared-key") == [theirs["id"]]
+        assert (await admin.get("/v1/runs", params={"idempotency_key": "k"})).status_code == 422
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"label": "no-colon"}, "label"),
+    ({"label": "-bad-key:v"}, "label"),
+    ({"label": "k:\x01"}, "label"),
+    ({"label": "k:" + "v" * 300}, "label"),
+    ({"status": "running"}, "status"),
+    ({"created_after": "yesterday"}, "created_after"),
+    ({"created_after": "2026-01-01T00:00:00"}, "created_after"),  # no offset
+    ({"limit": "0"}, "limit"),
+    ({"limit": "501"}, "limit"),
+    ({"cursor": "not-a-uuid"}, "cursor"),
+    ({"pool": "Not_A_Pool"}, "pool"),
+])
+async def test_bad_filters_are_422_naming_the_parameter(api: Api, params: dict[str, str],
+                                                        field: str) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme:
+        r = await acme.get("/v1/runs", params=params)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == field
+
+
+@pytest.mark.parametrize("labels", [
+    {f"k{i}": "v" for i in range(17)}, {"": "v"}, {"a" * 64: "v"}, {"k": "v" * 257},
+    {"k": 1}, {"k": "\x00"}, {"bad key": "v"}, ["k", "v"],
+])
+async def test_bad_labels_are_refused(api: Api, labels: Any) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme:
+        r = await acme.post("/v1/runs", json={"input": {}, "labels": labels})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"].startswith("labels")
+
+
+async def test_cursor_pages_are_stable_under_inserts(api: Api) -> None:
+    async with AsyncClient(api.url, api.token("acme")) as client:
+        made = [(await client.submit({"i": i}, labels={"batch": "one"})).id for i in range(7)]
+        seen = []
+        page = await client.list(limit=3, label=["batch:one"])
+        seen += [r.id for r in page.items]
+        while page.next_cursor:
+            await client.submit({"late": True}, labels={"batch": "one"})  # newer: never shown
+            page = await client.list(limit=3, label=["batch:one"], cursor=page.next_cursor)
+            seen += [r.id for r in page.items]
+        assert seen == list(reversed(made))
+
+
+async def test_sync_client_filters(api: Api) -> None:
+    def use() -> None:
+        with Client(api.url, api.token("acme")) as client:
+            run = client.submit({"x": 1}, labels={"team": "sync"})
+            assert run.labels == {"team": "sync"}
+            page = client.list(status=["pending"], label={"team": "sync"},
+                               created_after=run.created_at - timedelta(seconds=1))
+            assert [r.id for r in page.items] == [run.id]
+            assert client.list(status="done", label=["team:sync"]).items == []
+
+    await asyncio.to_thread(use)
+
+
+# -- plans ---------------------------------------------------------------------------------
+
+SEARCHED = ("agent_runs", "agent_run_tenant_index", "agent_run_labels")
+N_RUNS = 60_000
+
+
+@pytest.fixture(scope="module")
+def many_runs(server_url: str, template_db: str) -> Any:
+    """A database with N_RUNS runs of 20 tenants, labelled, mostly finished."""
+    from tests.support.databases import _create_db, _drop_db, with_dbname
+
+    name = _create_db(server_url, template_db)
+    url = with_dbname(server_url, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"""
+            WITH made AS (
+                SELECT (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint - {N_RUNS} + g),
+                             12, '0') || '7000' || '8000' || lpad(to_hex(g), 12, '0'))::uuid AS id,
+                       'tenant-' || (g % 20) AS tenant_id, g
+                  FROM generate_series(1, {N_RUNS}) g
+            ), ins AS (
+                INSERT INTO agent_runs (id, tenant_id, status, input_json, finished_at, labels,
+                                        idempotency_key, created_at)
+                SELECT id, tenant_id, CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'done' END,
+                       '{{}}', CASE WHEN g % 100 = 0 THEN NULL ELSE now() END,
+                       jsonb_build_object('team', 'team-' || (g % 50), 'case', g::text),
+                       'key-' || g, now() - make_interval(secs => {N_RUNS} - g)
+                  FROM made
+                RETURNING id, tenant_id, labels
+            ), t AS (
+                INSERT INTO agent_run_tenant_index SELECT tenant_id, id FROM ins
+            )
+            INSERT INTO agent_run_labels
+            SELECT ins.tenant_id, l.key, l.value, ins.id
+              FROM ins CROSS JOIN LATERAL jsonb_each_text(ins.labels) l""")
+        conn.execute("ANALYZE")
+    yield url
+    _drop_db(server_url, name)
+
+
+def scanned(url: str, f: RunFilter, **kw: Any) -> list[tuple[str, str]]:
+    """(node type, relation) of every scan in the plan of f's statement."""
+    query, params = select_runs(f.validated(), limit=50, **kw)
+    with psycopg.connect(url) as conn:
+        text = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params).fetchone()[0]  # type: ignore[index]
+    plan = text if isinstance(text, list) else json.loads(text)
+    found: list[tuple[str, str]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        if "Relation Name" in node:
+            found.append((node["Node Type"], node["Relation Name"]))
+        for child in node.get("Plans", ()):
+            walk(child)
+
+    walk(plan[0]["Plan"])
+    return found
+
+
+T = "tenant-7"
+AT = datetime.now(UTC) - timedelta(seconds=N_RUNS // 2)
+FILTERS = {
+    "tenant": RunFilter(tenant_id=T),
+    "status": RunFilter(tenant_id=T, statuses=(RunStatus.PENDING, RunStatus.LEASED)),
+    "dead": RunFilter(tenant_id=T, statuses=(RunStatus.DEAD,)),
+    "pool": RunFilter(tenant_id=T, pool="default"),
+    "label": RunFilter(tenant_id=T, labels=(("team", "team-7"),)),
+    "labels": RunFilter(tenant_id=T, labels=(("team", "team-7"), ("case", "107"))),
+    "created_after": RunFilter(tenant_id=T, created_after=AT),
+    "created_before": RunFilter(tenant_id=T, created_before=AT),
+    "finished_after": RunFilter(tenant_id=T, finished_after=AT),
+    "finished_before": RunFilter(tenant_id=T, finished_before=AT),
+    "idempotency_key": RunFilter(tenant_id=T, idempotency_key="key-107"),
+    "admin": RunFilter(),
+    "admin_status": RunFilter(statuses=(RunStatus.DEAD,)),
+    "admin_label": RunFilter(labels=(("team", "team-7"),)),
+    "admin_created": RunFilter(created_after=AT, created_before=AT + timedelta(hours=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(FILTERS))
+def test_each_filter_is_an_index_scan(many_runs: str, name: str) -> None:
+    scans = scanned(many_runs, FILTERS[name])
+    assert scans, scans
+    assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in SEARCHED], scans
+    # And with a cursor (the next page) too.
+    cursor = __import__("uuid").UUID(int=(1 << 127) - 1)
+    scans = scanned(many_runs, FILTERS[name], before=cursor)
+    assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in SEARCHED], scans
+
+
+def test_without_the_label_index_the_label_filter_would_scan(many_runs: str) -> None:
+    """The plan test can fail: drop the side table's key and the plan changes."""
+    query, params = select_runs(FILTERS["label"], limit=50)
+    with psycopg.connect(many_runs) as conn:
+        conn.execute("ALTER TABLE agent_run_labels DROP CONSTRAINT agent_run_labels_pkey")
+        conn.execute("DROP INDEX agent_run_labels_any_tenant_idx")
+        text = conn.execute(sql.SQL("EXPLAIN ") + query, params).fetchall()
+        conn.rollback()
+    assert "Seq Scan on agent_run_labels" in "\n".join(r[0] for r in text)
+
+
+async def test_retention_deletes_a_runs_labels_with_it(store: RunStore, clock: Any,
+                                                       db_url: str) -> None:
+    kept = await store.enqueue("default", "acme", {}, labels={"team": "a"})
+    gone = await store.enqueue("default", "acme", {}, labels={"team": "a", "x": "y"})
+    await store.request_cancel(gone.run.id)
+    clock.advance(60)
+    assert await store.delete_finished(30) == 1
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT run_id FROM agent_run_labels").fetchall()
+    assert rows == [(kept.run.id,)]
+    assert [r.id for r in await store.search(RunFilter(tenant_id="acme",
+                                                       labels=(("team", "a"),)))] == [kept.run.id]
