@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from uuid import UUID
 
 import httpx
@@ -274,3 +275,40 @@ async def test_status_counts_are_scoped_and_bounded(live_store: RunStore) -> Non
     newest = await live_store.status_counts(tenant_id="acme", window=2)
     assert (newest.by_status, newest.window_full) == ({"pending": 2}, True)
     assert (await live_store.status_counts(pool="elsewhere")).by_status == {}
+
+
+async def test_label_and_created_filters(ui: Api, live_store: RunStore) -> None:
+    tagged = (await live_store.enqueue("default", "acme", {"t": 1},
+                                       labels={"team": "search", "note": HOSTILE})).run
+    other = (await live_store.enqueue("default", "acme", {"t": 2},
+                                      labels={"team": "ads"})).run
+    theirs = (await live_store.enqueue("default", "globex", {"t": 3},
+                                       labels={"team": "search"})).run
+    async with signed_in(ui, "acme") as client:
+        page = await client.get("/ui/runs", params={"label": "team:search"})
+        assert f'data-run="{tagged.id}"' in page.text
+        assert f'data-run="{other.id}"' not in page.text
+        assert f'data-run="{theirs.id}"' not in page.text  # another tenant's: never
+        assert "<script>alert" not in page.text  # a hostile label value is text
+        assert "note:&lt;script&gt;" in page.text
+        # Created range, in the viewer's zone (tz: minutes behind UTC, as JS gives it).
+        created = tagged.created_at
+        local = (created - timedelta(minutes=-120)).replace(tzinfo=None)  # UTC+2
+        window = {"created_after": (local - timedelta(minutes=1)).isoformat(timespec="minutes"),
+                  "created_before": (local + timedelta(minutes=2)).isoformat(timespec="minutes"),
+                  "tz": "-120"}
+        inside = await client.get("/ui/runs", params=window)
+        assert f'data-run="{tagged.id}"' in inside.text
+        earlier = {"created_before": (local - timedelta(minutes=5)).isoformat(timespec="minutes"),
+                   "tz": "-120"}
+        assert f'data-run="{tagged.id}"' not in (await client.get("/ui/runs",
+                                                               params=earlier)).text
+        bad = await client.get("/ui/runs", params={"label": "no-colon"})
+        assert bad.status_code == 400
+        assert "key:value" in bad.text
+        live = await client.get("/ui/runs/table", params={"label": "team:search"})
+        assert "label=team%3Asearch" in live.text  # the poll keeps the filter
+    run_page_text = ""
+    async with signed_in(ui, "acme") as client:
+        run_page_text = (await client.get(f"/ui/runs/{tagged.id}")).text
+    assert "team:search" in run_page_text

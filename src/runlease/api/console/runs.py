@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
 from uuid import UUID
 
 from fastapi import APIRouter, Request
@@ -22,9 +20,9 @@ from runlease.api.console.deps import (
     same_origin,
     scoped_run,
 )
+from runlease.api.console.filters import STATUSES, Filters
 from runlease.api.console.session import COOKIE, COOKIE_PATH
 from runlease.api.deps import api_state
-from runlease.core import bounds
 from runlease.core.states import RunStatus
 from runlease.db.models import Run
 from runlease.db.store import RunStore
@@ -33,7 +31,6 @@ from runlease.errors import InvalidTransition, RunNotFound, ValidationError
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 PAGE_SIZE = 50
-STATUSES = tuple(s.value for s in RunStatus)
 STEPS_SHOWN = 20
 STEPS_MAX_BYTES = 256 * 1024  # the steps' fragment is polled while the run runs
 FINISHED = (RunStatus.DONE, RunStatus.DEAD, RunStatus.CANCELLED)
@@ -89,41 +86,6 @@ async def logout(request: Request, form: Form) -> Response:
     return response
 
 
-@dataclass(frozen=True)
-class Filters:
-    status: str = ""
-    pool: str = ""
-    tenant: str = ""
-    q: str = ""
-    cursor: str = ""
-
-    @classmethod
-    def parse(cls, request: Request, admin: bool) -> Filters:
-        args = request.query_params
-        f = cls(*(args.get(k, "").strip() for k in ("status", "pool", "tenant", "q", "cursor")))
-        try:
-            if f.status and f.status not in STATUSES:
-                raise ValidationError("status", f"must be one of {', '.join(STATUSES)}")
-            if f.pool:
-                bounds.check_pool(f.pool)
-            if f.tenant and admin:
-                bounds.check_tenant(f.tenant)
-            if f.q and len(f.q) > bounds.KEY_MAX_CHARS:
-                raise ValidationError("search", "too long for an id or idempotency key")
-            if f.cursor:
-                UUID(f.cursor)
-        except ValidationError as exc:
-            raise BadRequest(f"{exc.field}: {exc.message}") from None
-        except ValueError:
-            raise BadRequest("cursor: not a run id") from None
-        return f if admin else cls(f.status, f.pool, "", f.q, f.cursor)
-
-    def query(self, **override: str) -> str:
-        values = {"status": self.status, "pool": self.pool, "tenant": self.tenant,
-                  "q": self.q, "cursor": self.cursor} | override
-        return urlencode({k: v for k, v in values.items() if v})
-
-
 async def find_runs(store: RunStore, f: Filters, scope: str | None) -> list[Run]:
     tenant = f.tenant or scope
     if f.q:
@@ -138,12 +100,12 @@ async def find_runs(store: RunStore, f: Filters, scope: str | None) -> list[Run]
             return [await store.get(run_id, tenant_id=tenant)]
         except RunNotFound:
             return []
-    return await store.list_runs(tenant_id=tenant, pool=f.pool or None, status=f.status or None,
-                                 limit=PAGE_SIZE, before=UUID(f.cursor) if f.cursor else None)
+    return await store.search(f.run_filter, limit=PAGE_SIZE,
+                              before=UUID(f.cursor) if f.cursor else None)
 
 
 async def runs_context(request: Request, who: Who, store: RunStore) -> dict[str, Any]:
-    f = Filters.parse(request, who.admin)
+    f = Filters.parse(request, who.admin, who.scope)
     runs = await find_runs(store, f, who.scope)
     counts = await store.status_counts(tenant_id=f.tenant or who.scope, pool=f.pool or None)
     return {"viewer": who, "f": f, "runs": runs, "counts": counts, "statuses": STATUSES,

@@ -255,6 +255,10 @@
   }
 
   function wire(root) {
+    /* datetime-local fields are in this browser's zone: tell the server which. */
+    root.querySelectorAll("input[data-tz]").forEach(function (el) {
+      el.value = String(new Date().getTimezoneOffset());
+    });
     localTimes(root);
     copyButtons(root);
   }
