@@ -121,7 +121,10 @@ def sign_in(driver: WebDriver, api: ApiProcess, token: str) -> None:
 
 
 def status_of(driver: WebDriver) -> str:
-    return str(driver.find_element(By.ID, "run-status").text)
+    # Read in one script: the summary is swapped by htmx every 2 s, and an
+    # element found before a swap is stale after it.
+    return str(driver.execute_script(
+        "var el = document.getElementById('run-status'); return el ? el.textContent : '';"))
 
 
 def confirm(driver: WebDriver) -> None:
@@ -224,7 +227,8 @@ def test_watch_cancel_and_redrive_in_a_real_browser(stack: ApiProcess, browser: 
     confirm(driver)
     wait(driver, "the redrive notice", lambda d: "Redriven" in d.page_source)
     wait(driver, "the redriven run to end done", lambda d: status_of(d) == "done")
-    assert "redriven" in driver.find_element(By.CSS_SELECTOR, "table.attempts").text
+    wait(driver, "the redrive in the attempts", lambda d: "redriven" in str(d.execute_script(
+        "return document.querySelector('table.attempts').textContent;")))
 
     # The admin's pages: every tenant's runs, pools and workers.
     busy = submit(api, "acme", {"input": {"steps": [{"sleep": 600}]}})
