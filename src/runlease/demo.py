@@ -118,9 +118,9 @@ async def run_api_demo(base: str, tokens: dict[str, str], admin: str, echo: Echo
         console.print(summary_table(summary))
         async with AsyncClient(base, admin) as ops:
             dead = await ops.dead_letters()
-        echo(f"dead letters (admin view): {len(dead.items)}. The demo's stack stops now; "
-             "with `runlease dev` running, `runlease dead list` and "
-             "`runlease dead redrive <id>` (admin token) handle them")
+        echo(f"dead letters (admin view): {len(dead.items)}: redrive them in the console "
+             f"({base}/ui/dead, admin token), or with `runlease dead list` and "
+             "`runlease dead redrive <id>`")
         return summary
     finally:
         for c in clients.values():

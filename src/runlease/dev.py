@@ -7,8 +7,9 @@ the workers (their runs are released, not lost), stops the API, then the
 database; nothing is left running. A second Ctrl-C stops everything at once.
 
 `--demo` also submits script-agent runs for three tenants through the API
-(some slow, some failing once and retried, one cancelled), shows them live,
-prints a summary and stops.
+(some slow, some failing once and retried, one cancelled), shows them live
+and prints a summary; the stack then keeps serving, so the runs can be
+browsed in the web console (/ui/), until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -134,9 +135,12 @@ async def run_dev(opts: DevOptions, echo: Echo) -> int:
         stop = stop_on_signals(echo, fleet, api)
         if opts.demo:
             await demo_until(stop, base, tenants, admin, echo)
+            if not stop.is_set():
+                echo(f"the demo is over; browse its runs in the console at {base}/ui/ "
+                     "(Ctrl-C stops everything)")
         else:
             echo("running; Ctrl-C stops everything")
-            await stop.wait()
+        await stop.wait()
         echo("stopping: draining workers ...")
         await fleet.drain()
         api.stop()
@@ -170,6 +174,7 @@ async def start_api(url: str, opts: DevOptions, registry: TokenRegistry,
 def banner(echo: Echo, base: str, url: str, opts: DevOptions, tenants: dict[str, str],
            admin: str) -> None:
     echo(f"API        {base}   (OpenAPI: {base}/docs)")
+    echo(f"console    {base}/ui/   (sign in with a token below)")
     echo(f"database   {url}")
     echo(f"workers    {opts.workers} x {opts.concurrency} slots, script agent "
          f"(logs in {opts.data_dir}/worker-*.log)")

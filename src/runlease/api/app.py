@@ -18,7 +18,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease import __version__, metrics
-from runlease.api import actions, batch, errors, routes, schedules, usage, webhooks
+from runlease.api import (
+    actions,
+    batch,
+    console,
+    errors,
+    routes,
+    schedules,
+    usage,
+    webhooks,
+    workers,
+)
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
@@ -201,6 +211,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     app.include_router(schedules.router)
     app.include_router(usage.router)
     app.include_router(webhooks.router)
+    app.include_router(workers.router)
+    console.install(app, settings)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),

@@ -110,6 +110,15 @@ class TokenRegistry:
     def __len__(self) -> int:
         return len(self._by_digest)
 
+    def by_digest(self) -> dict[str, Principal]:
+        """Each configured token's SHA-256 and its principal (a copy): the
+        console ties a session to the token it came from."""
+        return dict(self._by_digest)
+
+    @staticmethod
+    def digest_of(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
     def authenticate(self, token: str) -> Principal | None:
         digest = hashlib.sha256(token.encode()).hexdigest()
         # A dict lookup by digest reveals nothing useful through timing: the

@@ -102,7 +102,8 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
               help="A tenant's API token (repeatable); generated when none is given.")
 @click.option("--admin-token", help="The admin API token; generated when not given.")
 @click.option("--demo", is_flag=True,
-              help="Submit demo runs for three tenants, show them live, then stop.")
+              help="Submit demo runs for three tenants and show them live; the stack "
+                   "keeps serving (web console at /ui/) until Ctrl-C.")
 def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers: int,
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
         demo: bool) -> None:

@@ -13,6 +13,7 @@ each concern, each beside its statements in `sql/`:
     pools.py      pools and per-tenant settings (pools.sql)
     leaders.py    leader election               (leaders.sql)
     stats.py      queue statistics              (stats.sql)
+    console.py    the web console's reads       (console.sql)
     workers.py    the workers registry          (workers.sql)
     usage.py      usage per run and per day     (usage.sql)
     rates.py      tenants' submit rates         (rates.sql)
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from runlease.db.bulk import BulkStore
 from runlease.db.children import ChildStore
+from runlease.db.console import ConsoleStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
@@ -61,5 +63,5 @@ __all__ = [
 
 class RunStore(BulkStore, ScheduleStore, ChildStore, QueueStore, SearchStore, LeaseStore,
                EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore, UsageStore,
-               RateStore, WebhookStore):
+               RateStore, WebhookStore, ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -33,6 +33,12 @@ class ApiSettings:
               "replica (a random one is made at start otherwise).")
     stream_token_ttl_s: int = setting(300, "Lifetime of an event-stream token.", minimum=10,
                                       maximum=86_400)
+    console_secret: str | None = setting(
+        None, "Key that signs the web console's session cookies (/ui/); set the same on "
+              "every replica (a random one is made at start otherwise, and a restart signs "
+              "everyone out).")
+    console_session_s: int = setting(8 * 3600, "Lifetime of a web console sign-in.",
+                                     minimum=60, maximum=30 * 86_400)
     cors_origins: tuple[str, ...] = setting(
         (), "Origins allowed by CORS (comma-separated), for browsers on other origins.")
     max_request_bytes: int = setting(1024 * 1024, "Largest request body accepted.",

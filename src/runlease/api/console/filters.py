@@ -1,0 +1,108 @@
+"""The runs page's filters: query parameters into a RunFilter (db/run_search.py),
+scoped to the viewer, and back into links.
+
+Times come from the browser's datetime-local fields, in the viewer's zone:
+console.js fills `tz` with the browser's offset from UTC (minutes, as
+Date.getTimezoneOffset gives it); without it they are read as UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
+from uuid import UUID
+
+from starlette.requests import Request
+
+from runlease.api.console.deps import BadRequest
+from runlease.core import bounds, run_options
+from runlease.core.states import RunStatus
+from runlease.db.run_search import RunFilter
+from runlease.errors import ValidationError
+
+STATUSES = tuple(s.value for s in RunStatus)
+MAX_TZ_MINUTES = 14 * 60
+
+
+def _when(text: str, tz_minutes: int, name: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadRequest(f"{name}: not a date and time") from None
+    if at.tzinfo is None:
+        at = (at + timedelta(minutes=tz_minutes)).replace(tzinfo=UTC)
+    return at
+
+
+@dataclass(frozen=True)
+class Filters:
+    status: str = ""
+    pool: str = ""
+    tenant: str = ""
+    q: str = ""
+    cursor: str = ""
+    labels: tuple[str, ...] = ()
+    created_after: str = ""
+    created_before: str = ""
+    tz: str = ""
+    run_filter: RunFilter = field(default_factory=RunFilter, compare=False)
+
+    @classmethod
+    def parse(cls, request: Request, admin: bool, scope: str | None) -> Filters:
+        args = request.query_params
+        get = {k: args.get(k, "").strip() for k in (
+            "status", "pool", "tenant", "q", "cursor", "created_after", "created_before", "tz")}
+        if not admin:
+            get["tenant"] = ""  # a tenant sees its own runs, whatever the link says
+        labels = tuple(dict.fromkeys(v.strip() for v in args.getlist("label") if v.strip()))
+        try:
+            tz = int(get["tz"] or 0)
+        except ValueError:
+            raise BadRequest("tz: minutes from UTC") from None
+        if abs(tz) > MAX_TZ_MINUTES:
+            raise BadRequest("tz: minutes from UTC")
+        try:
+            if get["q"] and len(get["q"]) > bounds.KEY_MAX_CHARS:
+                raise ValidationError("search", "too long for an id or idempotency key")
+            if get["cursor"]:
+                UUID(get["cursor"])
+            if len(labels) > run_options.LABELS_MAX:
+                raise ValidationError("label", f"at most {run_options.LABELS_MAX}")
+            pairs = []
+            for item in labels:
+                key, sep, value = item.partition(":")
+                if not sep:
+                    raise ValidationError("label", f"{item[:70]!r}: write key:value")
+                pairs.append((key.strip(), value.strip()))
+            if get["status"] and get["status"] not in STATUSES:
+                raise ValidationError("status", f"must be one of {', '.join(STATUSES)}")
+            rf = RunFilter(
+                tenant_id=get["tenant"] or scope,
+                statuses=(RunStatus(get["status"]),) if get["status"] else (),
+                pool=get["pool"] or None, labels=tuple(pairs),
+                created_after=_when(get["created_after"], tz, "created from"),
+                created_before=_when(get["created_before"], tz, "created before"),
+            ).validated()
+        except ValidationError as exc:
+            raise BadRequest(f"{exc.field}: {exc.message}") from None
+        except ValueError:
+            raise BadRequest("cursor: not a run id") from None
+        return cls(get["status"], get["pool"], get["tenant"], get["q"], get["cursor"], labels,
+                   get["created_after"], get["created_before"], get["tz"], rf)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.status or self.pool or self.tenant or self.q or self.cursor
+                    or self.labels or self.created_after or self.created_before)
+
+    def query(self, **override: str) -> str:
+        values = {"status": self.status, "pool": self.pool, "tenant": self.tenant,
+                  "q": self.q, "cursor": self.cursor, "created_after": self.created_after,
+                  "created_before": self.created_before,
+                  "tz": self.tz if (self.created_after or self.created_before) else ""
+                  } | override
+        pairs = [(k, v) for k, v in values.items() if v] + [("label", v) for v in self.labels]
+        return urlencode(pairs)

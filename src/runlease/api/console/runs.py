@@ -1,0 +1,190 @@
+"""Console pages for runs: sign in and out, the live runs table, one run
+(with its live event stream), and its Cancel and Redrive forms."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from runlease.api.console.deps import (
+    AdminForm,
+    BadRequest,
+    Form,
+    Store,
+    Who,
+    console_state,
+    form_fields,
+    same_origin,
+    scoped_run,
+)
+from runlease.api.console.filters import STATUSES, Filters
+from runlease.api.console.session import COOKIE, COOKIE_PATH
+from runlease.api.deps import api_state
+from runlease.core.states import RunStatus
+from runlease.db.models import Run
+from runlease.db.store import RunStore
+from runlease.errors import InvalidTransition, RunNotFound, ValidationError
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+PAGE_SIZE = 50
+STEPS_SHOWN = 20
+STEPS_MAX_BYTES = 256 * 1024  # the steps' fragment is polled while the run runs
+FINISHED = (RunStatus.DONE, RunStatus.DEAD, RunStatus.CANCELLED)
+NOTICES = {
+    "cancel": "Cancel requested: a pending run ends now, a running one when its worker stops it.",
+    "redrive": "Redriven: the run is pending again, its attempts reset.",
+    "cancel-finished": "The run had already finished: nothing to cancel.",
+    "redrive-not-dead": "Only a dead run can be redriven.",
+}
+
+
+def see_other(url: str) -> RedirectResponse:
+    return RedirectResponse(url, status_code=303)
+
+
+@router.get("/")
+async def home(request: Request, who: Who) -> Response:
+    return see_other("/ui/runs")
+
+
+@router.get("/login")
+async def login_page(request: Request) -> Response:
+    return console_state(request).renderer.page(request, "login.html", {"error": None})
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    state = console_state(request)
+    if not same_origin(request):
+        return state.renderer.page(request, "login.html",
+                                   {"error": "This form came from another site."}, 403)
+    fields = await form_fields(request)
+    token = (fields.get("token") or [""])[0].strip()
+    tokens = api_state(request).tokens
+    who = tokens.authenticate(token) if token else None
+    if who is None:
+        return state.renderer.page(request, "login.html",
+                                   {"error": "Unknown token: give a tenant or admin token."},
+                                   401)
+    cookie, _ = state.sessions.issue(who, state.sessions.token_id(tokens.digest_of(token)))
+    response = see_other("/ui/runs")
+    response.set_cookie(COOKIE, cookie, max_age=state.sessions.ttl_s, path=COOKIE_PATH,
+                        httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, form: Form) -> Response:
+    response = see_other("/ui/login")
+    response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict",
+                           secure=request.url.scheme == "https")
+    return response
+
+
+async def find_runs(store: RunStore, f: Filters, scope: str | None) -> list[Run]:
+    tenant = f.tenant or scope
+    if f.q:
+        try:
+            run_id = UUID(f.q)
+        except ValueError:
+            try:
+                return await store.runs_by_key(f.q, tenant_id=tenant, limit=PAGE_SIZE)
+            except ValidationError as exc:
+                raise BadRequest(f"search: {exc.message}") from None
+        try:
+            return [await store.get(run_id, tenant_id=tenant)]
+        except RunNotFound:
+            return []
+    return await store.search(f.run_filter, limit=PAGE_SIZE,
+                              before=UUID(f.cursor) if f.cursor else None)
+
+
+async def runs_context(request: Request, who: Who, store: RunStore) -> dict[str, Any]:
+    f = Filters.parse(request, who.admin, who.scope)
+    runs = await find_runs(store, f, who.scope)
+    counts = await store.status_counts(tenant_id=f.tenant or who.scope, pool=f.pool or None)
+    return {"viewer": who, "f": f, "runs": runs, "counts": counts, "statuses": STATUSES,
+            "live": not f.cursor, "next_query": f.query(cursor=str(runs[-1].id))
+            if len(runs) == PAGE_SIZE and not f.q else None}
+
+
+@router.get("/runs")
+async def runs_page(request: Request, who: Who, store: Store) -> Response:
+    context = await runs_context(request, who, store)
+    return console_state(request).renderer.page(request, "runs.html", context)
+
+
+@router.get("/runs/table")
+async def runs_table(request: Request, who: Who, store: Store) -> Response:
+    context = await runs_context(request, who, store)
+    return console_state(request).renderer.page(request, "_runs_table.html", context)
+
+
+async def run_context(request: Request, run_id: UUID, who: Who,
+                      store: RunStore) -> dict[str, Any]:
+    run = await scoped_run(store, run_id, who)
+    notice = NOTICES.get(request.query_params.get("notice", ""))
+    return {"viewer": who, "run": run, "notice": notice,
+            "lifecycle": await store.lifecycle(run_id),
+            "finished": run.status in FINISHED}
+
+
+async def steps_context(store: RunStore, run_id: UUID) -> dict[str, Any]:
+    steps, more = await store.steps_page(run_id, limit=STEPS_SHOWN, max_bytes=STEPS_MAX_BYTES)
+    return {"steps": steps, "more_steps": more is not None}
+
+
+@router.get("/runs/{run_id}")
+async def run_page(request: Request, run_id: UUID, who: Who, store: Store) -> Response:
+    context = await run_context(request, run_id, who, store)
+    token, _ = api_state(request).stream_tokens.issue(run_id, who.session.principal)
+    context |= await steps_context(store, run_id)
+    context["stream_url"] = f"/v1/runs/{run_id}/events?token={token}"
+    return console_state(request).renderer.page(request, "run.html", context)
+
+
+@router.get("/runs/{run_id}/steps")
+async def run_steps(request: Request, run_id: UUID, who: Who, store: Store) -> Response:
+    run = await scoped_run(store, run_id, who)
+    context = {"run": run, "finished": run.status in FINISHED} | await steps_context(store, run_id)
+    return console_state(request).renderer.page(request, "_run_steps.html", context)
+
+
+@router.get("/runs/{run_id}/summary")
+async def run_summary(request: Request, run_id: UUID, who: Who, store: Store) -> Response:
+    context = await run_context(request, run_id, who, store)
+    return console_state(request).renderer.page(request, "_run_summary.html", context)
+
+
+@router.get("/runs/{run_id}/stream-url")
+async def stream_url(request: Request, run_id: UUID, who: Who, store: Store) -> Response:
+    """A fresh stream token, for an event stream that outlived its last one."""
+    await scoped_run(store, run_id, who)
+    token, _ = api_state(request).stream_tokens.issue(run_id, who.session.principal)
+    return JSONResponse({"url": f"/v1/runs/{run_id}/events?token={token}"},
+                        headers={"Cache-Control": "no-store"})
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel(run_id: UUID, form: Form, store: Store) -> Response:
+    await scoped_run(store, run_id, form.viewer)
+    try:
+        await store.request_cancel(run_id, tenant_id=form.viewer.scope, strict=True)
+    except InvalidTransition:
+        return see_other(f"/ui/runs/{run_id}?notice=cancel-finished")
+    return see_other(f"/ui/runs/{run_id}?notice=cancel")
+
+
+@router.post("/runs/{run_id}/redrive")
+async def redrive(run_id: UUID, form: AdminForm, store: Store) -> Response:
+    await scoped_run(store, run_id, form.viewer)
+    try:
+        await store.redrive(run_id)
+    except InvalidTransition:
+        return see_other(f"/ui/runs/{run_id}?notice=redrive-not-dead")
+    return see_other(f"/ui/runs/{run_id}?notice=redrive")
