@@ -15,7 +15,7 @@ from runlease.core.cron import Cron
 from runlease.db import schedules as schedules_module
 from runlease.db.schedules import tick_key
 from runlease.db.store import RunStore
-from runlease.errors import ValidationError
+from runlease.errors import NotAllowed, ValidationError
 from runlease.services.leader import LeaderElector
 from runlease.services.scheduler import Scheduler
 from tests.support.api import Api
@@ -269,3 +269,27 @@ async def test_a_worker_hosts_the_scheduler_and_runs_the_tick(db_url: str,
 async def _finished(store: RunStore, run_id: object) -> object:
     run = await store.get(run_id)  # type: ignore[arg-type]
     return run if run.finished_at is not None else None
+
+
+async def test_a_schedule_may_name_a_webhook_checked_at_creation_and_each_tick(
+    store: RunStore, clock: ManualClock
+) -> None:
+    with pytest.raises(NotAllowed):  # a 403 through the API
+        await store.create_schedule("acme", "hooked", EVERY_5, {
+            "input": {}, "webhook_url": "http://hooks.example.com/done"})
+    await store.set_webhook_hosts([("hooks.example.com", False)])
+    schedule = await store.create_schedule("acme", "hooked", EVERY_5, {
+        "input": {}, "webhook_url": "http://hooks.example.com/done"}, overlap="allow")
+    at(clock, START.replace(minute=5))
+    (tick,) = await store.fire_due_schedules()
+    assert tick.run_id is not None
+    delivery = await store.webhook(tick.run_id, tenant_id="acme")
+    assert delivery is not None
+    assert (delivery["url"], delivery["state"]) == ("http://hooks.example.com/done", "waiting")
+    # The admin takes the host off the allowlist: the next tick is refused, said so.
+    await store.set_webhook_hosts([])
+    at(clock, START.replace(minute=10))
+    (refused,) = await store.fire_due_schedules()
+    assert refused.run_id is None
+    assert "allowlist" in (refused.error or "")
+    assert (await store.get_schedule(schedule.id)).next_tick_at == START.replace(minute=15)

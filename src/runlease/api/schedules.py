@@ -19,6 +19,7 @@ from runlease.api.errors import ErrorAnswer
 from runlease.api.routes import tenant_for
 from runlease.api.schemas import (
     POOL_PATTERN,
+    WEBHOOK_URL_PATTERN,
     Attempts,
     BackoffBase,
     BackoffCap,
@@ -70,6 +71,12 @@ class RunTemplate(Strict):
     backoff_cap_s: BackoffCap | None = None
     non_retryable_codes: list[ErrorCode] | None = Field(None,
                                                         max_length=backoff.NON_RETRYABLE_MAX)
+    webhook_url: str | None = Field(
+        None, min_length=1, max_length=2048, pattern=WEBHOOK_URL_PATTERN,
+        examples=["https://hooks.example.com/runlease"],
+        description="Each tick's run is POSTed a signed notice when it finishes; the host "
+                    "must be on the admin's webhook allowlist (403 otherwise), when the "
+                    "schedule is made and at each tick.")
 
 
 class ScheduleIn(Strict):

@@ -27,6 +27,7 @@ from runlease.core.states import TERMINAL
 from runlease.db.executor import Conn
 from runlease.db.models import _pick
 from runlease.db.runs import NewRun, QueueStore
+from runlease.db.webhooks import WebhookStore
 from runlease.errors import (
     IdempotencyConflict,
     RunleaseError,
@@ -94,7 +95,7 @@ def tick_key(schedule_id: UUID, tick: datetime) -> str:
     return f"schedule:{schedule_id}:{tick.isoformat()}"
 
 
-class ScheduleStore(QueueStore):
+class ScheduleStore(QueueStore, WebhookStore):
     async def create_schedule(
         self, tenant_id: str, name: str, cron: Cron, template: Mapping[str, Any], *,
         overlap: Overlap = "skip", paused: bool = False, conn: Conn | None = None,
@@ -123,6 +124,8 @@ class ScheduleStore(QueueStore):
         async with self.connection(conn) as c, c.transaction():
             if not await self._rows("pool_get", {"name": pool}, c):
                 raise UnknownPool(pool)  # a 404, as for a submit
+            if template.get("webhook_url") is not None:
+                await self.check_webhook_url(template["webhook_url"], conn=c)
             (clock,) = await self._rows("schedule_lock_tenant", {"tenant": tenant_id}, c)
             rows = await self._rows("schedule_create", {
                 "id": uuid7(), "tenant": tenant_id, "name": name, "cron": cron.expr,
@@ -211,6 +214,13 @@ class ScheduleStore(QueueStore):
                         schedule.pool,
                         [new_run(schedule.tenant_id, schedule.template,
                                  tick_key(schedule.id, tick))], conn=c)
+                    url = schedule.template.get("webhook_url")
+                    if url is not None and result.inserted:
+                        # Checked again: the admin may have taken the host
+                        # off the allowlist since (the tick is then refused).
+                        await self.add_webhook(
+                            result.run.id, schedule.tenant_id,
+                            await self.check_webhook_url(url, conn=c), conn=c)
                 run_id = result.run.id
             except (ValidationError, IdempotencyConflict) as exc:
                 # The pool was deleted, the tenant's band moved, or the
