@@ -20,6 +20,7 @@ from runlease.cli import main as cli
 from runlease.client import AsyncClient, NotFound
 from runlease.core.webhooks import verify
 from runlease.db.store import RunStore
+from runlease.services import webhooks as webhooks_module
 from runlease.services.webhooks import WebhookSender
 from tests.support.api import Api
 from tests.support.waiting import until
@@ -171,3 +172,44 @@ async def test_the_cli_sets_hosts_and_shows_the_key(api: Api) -> None:
     async with AsyncClient(api.url, api.token("acme")) as client:
         assert await client.webhook_secret() == key
         assert await client.webhook_secret(rotate=True) != key
+
+
+@pytest.mark.parametrize(("url", "sent_to", "sni"), [
+    ("https://hooks.example.com/done?x=1", "https://93.184.216.34/done?x=1", "hooks.example.com"),
+    ("http://hooks.example.com:8443/done", "http://93.184.216.34:8443/done", None),
+])
+async def test_a_delivery_connects_to_the_address_it_checked(
+    live_store: RunStore, monkeypatch: pytest.MonkeyPatch, url: str, sent_to: str,
+    sni: str | None,
+) -> None:
+    """DNS rebinding: the host's name resolves to a public address when
+    checked; the request goes to that address (the name kept for Host and
+    TLS), never to what a second lookup would answer."""
+    lookups: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        lookups.append(host)  # a rebinding resolver would answer 127.0.0.1 next time
+        return ["93.184.216.34"] if len(lookups) == 1 else ["127.0.0.1"]
+
+    monkeypatch.setattr(webhooks_module, "_addresses", resolve)
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(204)
+
+    await live_store.set_webhook_hosts([("hooks.example.com", False)])
+    queued = await live_store.enqueue("default", "acme", {})
+    await live_store.add_webhook(queued.run.id, "acme", url)
+    (lease,) = await live_store.claim("default", "w", 1)
+    await live_store.ack(lease, None)
+    sender = WebhookSender(live_store, transport=httpx.MockTransport(answer))
+    assert await sender.run_once() == 1
+    (request,) = seen
+    assert str(request.url) == sent_to
+    assert request.headers["Host"] == url.split("/")[2]
+    assert request.extensions.get("sni_hostname") == sni
+    assert lookups == ["hooks.example.com"]
+    found = await live_store.webhook(queued.run.id)
+    assert found is not None
+    assert found["state"] == "delivered"

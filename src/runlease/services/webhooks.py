@@ -5,7 +5,9 @@ checks the URL again (its host on the admin's allowlist, and every address
 it resolves to public unless the host is allowed private addresses: no
 loopback, link-local, private, multicast or reserved address, so a run
 cannot aim the leader at the cluster's own services or a metadata
-endpoint), POSTs the signed body (core/webhooks.py) without following
+endpoint), POSTs the signed body to the address it checked (the host name
+kept for the Host header and TLS, so DNS cannot answer differently between
+the check and the connection) (core/webhooks.py) without following
 redirects, and records the attempt. A failure is retried after
 min(300, 2^tries) s, up to MAX_TRIES.
 """
@@ -18,6 +20,7 @@ import json
 import logging
 import socket
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -33,6 +36,14 @@ TIMEOUT_S = 10.0
 
 class Refused(Exception):
     """The URL may not be called (not allowed, or resolves where it may not)."""
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """What a request to a pinned address carries of the URL's host name."""
+
+    headers: dict[str, str] = field(default_factory=dict)
+    extensions: dict[str, Any] = field(default_factory=dict)
 
 
 async def _addresses(host: str, port: int) -> list[str]:
@@ -74,14 +85,15 @@ class WebhookSender:
         }, separators=(",", ":")).encode()
         attempt: dict[str, Any] = {"try": due.tries, "at": time.time()}
         try:
-            await self._check(due.url, hosts)
+            url, pinned = await self._check(due.url, hosts)
             if due.secret is None:
                 raise Refused("the tenant has no signing key")
             stamp = int(time.time())
-            response = await http.post(due.url, content=body, headers={
+            response = await http.post(url, content=body, headers={
                 "Content-Type": "application/json", TIMESTAMP_HEADER: str(stamp),
                 SIGNATURE_HEADER: signature(due.secret, stamp, body),
-                "User-Agent": "runlease-webhooks"})
+                "User-Agent": "runlease-webhooks", **pinned.headers},
+                extensions=pinned.extensions)
             attempt["status_code"] = response.status_code
             ok = 200 <= response.status_code < 300
             if not ok:
@@ -99,18 +111,28 @@ class WebhookSender:
         else:
             await self._record(due, "waiting", attempt, retry_s=min(300.0, 2.0 ** due.tries))
 
-    async def _check(self, url: str, hosts: list[tuple[str, bool]]) -> None:
+    async def _check(self, url: str, hosts: list[tuple[str, bool]]) -> tuple[str, Pinned]:
+        """The URL to connect to: for a host that must resolve to public
+        addresses, the address that was checked, with the host name kept for
+        the Host header and TLS (SNI and the certificate), so a second lookup
+        (DNS rebinding) cannot send the request somewhere else."""
         host = host_of(url)
         ok, private = allowed(host, hosts)
         if not ok:
             raise Refused(f"host {host!r} is not on the webhook allowlist")
         if private:
-            return
-        port = httpx.URL(url).port or (443 if url.startswith("https") else 80)
+            return url, Pinned()
+        parsed = httpx.URL(url)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
         addresses = await _addresses(host.strip("[]"), port)
         bad = [a for a in addresses if not _public(a)]
         if bad or not addresses:
             raise Refused(f"host {host!r} resolves to a non-public address {bad[:3]}")
+        address = addresses[0]
+        literal = f"[{address}]" if ":" in address else address
+        return str(parsed.copy_with(host=literal)), Pinned(
+            {"Host": parsed.netloc.decode("ascii")},
+            {"sni_hostname": host} if parsed.scheme == "https" else {})
 
     async def _record(self, due: Due, state: str, attempt: dict[str, Any],
                       retry_s: float = 0.0) -> None:
