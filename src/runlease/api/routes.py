@@ -18,12 +18,11 @@ from runlease.api.auth import Principal
 from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state, bearer
 from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
+from runlease.api.pool_schemas import PoolIn, PoolOut
 from runlease.api.rates import submit_slot
 from runlease.api.schemas import (
     POOL_PATTERN,
     ErrorBody,
-    PoolIn,
-    PoolOut,
     RunCreate,
     RunOut,
     RunPage,
