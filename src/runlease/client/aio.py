@@ -48,10 +48,6 @@ class AsyncClient(AsyncActions, AsyncSchedules):
     async def _send(self, call: Call[T]) -> T:
         return call.read(await self._http.send(call.request(self._http)))
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """A request by method and path; its JSON answer (the mixins' calls)."""
-        return check(await self._http.request(method, path, **kwargs))
-
     submit = sends_async(Calls.submit)
 
     async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,

@@ -47,10 +47,6 @@ class Client(SyncActions, SyncSchedules):
     def _send(self, call: Call[T]) -> T:
         return call.read(self._http.send(call.request(self._http)))
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """A request by method and path; its JSON answer (the mixins' calls)."""
-        return check(self._http.request(method, path, **kwargs))
-
     submit = sends(Calls.submit)
 
     def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
