@@ -17,7 +17,7 @@ from runlease.core.redact import MASK, Redactor
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
-from runlease.worker import RunContext, context
+from runlease.worker import RunContext, deltas
 from runlease.worker.tools import ToolRunner
 from tests.integration.test_worker import finished, running_worker
 from tests.support.secrets import leaked, message, split
@@ -60,8 +60,8 @@ def test_a_secret_split_across_deltas_is_never_stored(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Flush on every chance: at once on the timer, and by size every 8 characters.
-    monkeypatch.setattr(context, "DELTA_FLUSH_S", 0.0)
-    monkeypatch.setattr(context, "DELTA_FLUSH_CHARS", 8)
+    monkeypatch.setattr(deltas, "DELTA_FLUSH_S", 0.0)
+    monkeypatch.setattr(deltas, "DELTA_FLUSH_CHARS", 8)
     loop = asyncio.new_event_loop()
     conn_pool = make_conn_pool(db_url, max_size=2)
     loop.run_until_complete(conn_pool.open(wait=True))

@@ -13,8 +13,8 @@ from runlease.core.states import RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
 from runlease.worker.claimer import ClaimLoop
+from runlease.worker.handle import RunHandle, StopReason
 from runlease.worker.lease_keeper import LeaseKeeper
-from runlease.worker.runner import RunHandle, StopReason
 
 
 def handle_for(lease: Lease, clock: ManualClock) -> RunHandle:

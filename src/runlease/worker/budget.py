@@ -102,6 +102,11 @@ class BudgetKeeper:
         self._check(usage)
         return usage
 
+    @property
+    def synced(self) -> bool:
+        """Every count is written (sync would write nothing)."""
+        return (self.turns, self.tool_calls) == self._written
+
     async def sync(self) -> None:
         """Write counts not written yet (at the end of an attempt)."""
         if (self.turns, self.tool_calls) != self._written:

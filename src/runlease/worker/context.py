@@ -24,25 +24,23 @@ from typing import Any, Protocol, TypeVar
 
 from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import Budget, ResultRefused
-from runlease.core.redact_stream import StreamHoldback
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.db.usage import Usage
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.services.loop import sleep
+from runlease.worker import deltas
 from runlease.worker.budget import BudgetKeeper
 from runlease.worker.cancellable_http import CancellableHttp
 from runlease.worker.children import Children
+from runlease.worker.deltas import DeltaStream
 from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
-from runlease.worker.tool_output import OutputEvents, text_pieces
+from runlease.worker.tool_output import OutputEvents
 from runlease.worker.tools import ToolResult, ToolRunner
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-DELTA_FLUSH_S = 0.05
-DELTA_FLUSH_CHARS = 2048
-DELTA_EVENT_CHARS = 16 * 1024
 
 
 class Fence(Protocol):
@@ -78,16 +76,38 @@ class RunContext:
         started = self._clock.monotonic() if started is None else started
         self._budget = BudgetKeeper(lease, store, write=self._write, clock=self._clock,
                                     started=started)
-        self._children = Children(lease, store, self.step, self._write)
-        self.http = CancellableHttp(cancel)
-        self._write_lock = asyncio.Lock()
-        self._deltas: list[str] = []
-        self._delta_chars = 0
-        self._delta_kind = "message.delta"
-        self._delta_flush: asyncio.Task[None] | None = None
-        # The not-yet-safe tail of the current message (see delta).
-        self._hold = StreamHoldback(store.redactor)
-        self._flush_error: Exception | None = None
+        # Made on first use: most runs use few of them, and a draining worker
+        # makes a context per run, thousands a second (docs/benchmarks.md).
+        self._children_: Children | None = None
+        self._http: CancellableHttp | None = None
+        self._write_lock_: asyncio.Lock | None = None
+        self._stream: DeltaStream | None = None
+
+    @property
+    def http(self) -> CancellableHttp:
+        """An HTTP client whose requests end when the run is cancelled."""
+        if self._http is None:
+            self._http = CancellableHttp(self._cancel)
+        return self._http
+
+    @property
+    def _children(self) -> Children:
+        if self._children_ is None:
+            self._children_ = Children(self.lease, self.store, self.step, self._write)
+        return self._children_
+
+    @property
+    def _write_lock(self) -> asyncio.Lock:
+        if self._write_lock_ is None:
+            self._write_lock_ = asyncio.Lock()
+        return self._write_lock_
+
+    @property
+    def idle(self) -> bool:
+        """flush() and close() would do nothing: no delta held or pending, no
+        usage count unwritten, no HTTP client (the worker's quick ending)."""
+        return ((self._stream is None or self._stream.idle) and self._http is None
+                and self._budget.synced)
 
     # -- what the run is ------------------------------------------------------
 
@@ -211,66 +231,22 @@ class RunContext:
                                                                      data or {}))
 
     async def delta(self, text: str, kind: str = "message.delta") -> None:
-        """A token delta; deltas are coalesced into one event per ~50 ms.
-
-        A message is redacted as a whole, not per event: each event ends
-        only where no secret can straddle it (after whitespace, outside a
-        `Bearer `/`Cookie:`/key block/`password = "..."` region, see
-        StreamHoldback), and the rest waits for the next deltas or for the
-        end of the message (a delta of another kind, any other write, the
-        end of the run)."""
-        self._raise_flush_error()
-        if kind != self._delta_kind and (self._deltas or self._hold.holding):
+        """A token delta; deltas are coalesced into one event per ~50 ms, and
+        a message is redacted as a whole (worker/deltas.py)."""
+        if self._stream is None:
+            self._stream = DeltaStream(self.store, self.lease, write=self._write,
+                                       lock=self._write_lock)
+        self._stream.raise_error()
+        if self._stream.ends_message(kind):
             await self.flush()
-        self._delta_kind = kind
-        self._deltas.append(text)
-        self._delta_chars += len(text)
-        if self._delta_chars >= DELTA_FLUSH_CHARS:
-            await self._flush_deltas(final=False)
-        elif self._delta_flush is None:
-            self._delta_flush = asyncio.create_task(self._flush_later(), name="delta-flush")
-
-    async def _flush_later(self) -> None:
-        await asyncio.sleep(DELTA_FLUSH_S)
-        self._delta_flush = None
-        try:
-            await self._flush_deltas(final=False)
-        except Exception as exc:  # kept, and raised by the agent's next write
-            self._flush_error = exc
-
-    def _raise_flush_error(self) -> None:
-        if self._flush_error is not None:
-            error, self._flush_error = self._flush_error, None
-            raise error
+        await self._stream.add(text, kind)
 
     async def flush(self) -> None:
         """Write out coalesced deltas now, held text included: the message
         ends here (before any other write, and at the end of the run)."""
-        if self._delta_flush is not None and asyncio.current_task() is not self._delta_flush:
-            self._delta_flush.cancel()
-            self._delta_flush = None
-        self._raise_flush_error()
-        await self._flush_deltas(final=True)
+        if self._stream is not None:
+            await self._stream.end()
         await self._budget.sync()
-
-    async def _flush_deltas(self, *, final: bool) -> None:
-        # Counted from here: a held tail does not make the next delta flush
-        # at once (that would rescan the tail for every delta).
-        text, self._deltas, self._delta_chars = "".join(self._deltas), [], 0
-        text = self._hold.feed(text) if text else ""
-        if final:
-            text += self._hold.end()
-        if not text:
-            return
-        kind = self._delta_kind
-        if len(text) > DELTA_EVENT_CHARS:
-            # One event holds at most DELTA_EVENT_CHARS, well under the event
-            # bound. The store redacts each event alone, so redact the whole
-            # first: a secret cut in two here is already masked.
-            text = self.store.redactor.text(text)
-        events = [(kind, {"text": piece}) for piece in text_pieces(text, DELTA_EVENT_CHARS)]
-        async with self._write_lock:
-            await self._write(lambda: self.store.record_events(self.lease, events))
 
     async def step(self, key: str, fn: Callable[[], Awaitable[T]]) -> T:
         """A durable step: if any attempt committed a result for `key`, return
@@ -362,7 +338,7 @@ class RunContext:
         """Store the tool's lines as they come, coalesced like deltas."""
         while not done.is_set():
             await wake.wait()
-            await sleep(DELTA_FLUSH_S, done)
+            await sleep(deltas.DELTA_FLUSH_S, done)
             wake.clear()
             if events := output.take():
                 await self._write_events(events)
@@ -381,10 +357,10 @@ class RunContext:
             await self._write(lambda: self.store.record_events(self.lease, events))
 
     async def close(self) -> None:
-        if self._delta_flush is not None:
-            self._delta_flush.cancel()
-            await asyncio.wait({self._delta_flush})
-        await self.http.aclose()
+        if self._stream is not None:
+            await self._stream.close()
+        if self._http is not None:
+            await self._http.aclose()
 
 
 def _now() -> datetime:

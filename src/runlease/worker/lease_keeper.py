@@ -26,7 +26,7 @@ from runlease.db.connect import Conn, connect
 from runlease.db.models import HeartbeatResult
 from runlease.db.store import Registration, RunStore, stale_writes
 from runlease.services.loop import Service, sleep
-from runlease.worker.runner import RunHandle, StopReason
+from runlease.worker.handle import RunHandle, StopReason
 
 log = logging.getLogger(__name__)
 

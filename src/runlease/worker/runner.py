@@ -23,171 +23,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from runlease import metrics
-from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import RETRY_AFTER_MAX_S, ResultRefused
 from runlease.core.states import ErrorCode, Outcome, RunStatus
-from runlease.db.models import Lease
 from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import DatabaseUnavailable, LeaseLost
 from runlease.worker.children import WaitForChildren
 from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
-from runlease.worker.toolenv import run_vars
-from runlease.worker.tools import ToolRunner
-from runlease.worker.waits import Flag, first_of
+from runlease.worker.handle import RunHandle, StopReason
+from runlease.worker.waits import first_of
 
 log = logging.getLogger(__name__)
 
 Agent = Callable[[RunContext], Awaitable[dict[str, Any] | None]]
-Acker = Callable[["RunHandle", Rendered], Awaitable[bool]]
-
-
-class StopReason(enum.Enum):
-    CANCEL = "cancel"
-    DRAIN = "drain"
-    LEASE_LOST = Outcome.LEASE_LOST.value
-    SELF_FENCED = Outcome.SELF_FENCED.value
-    DEADLINE = "deadline"
-
-
-class RunHandle:
-    """One attempt of one run on this worker: its lease, its agent task, its
-    tools, and why it stops. Every write for the attempt goes through its own
-    handle, never through a lookup by run id: after a reclaim, two handles of
-    one run exist (the old one unwinding, the new one waiting for it)."""
-
-    def __init__(
-        self,
-        lease: Lease,
-        *,
-        claimed_at: float,
-        lease_s: float,
-        margin_s: float,
-        cancel_grace_s: float,
-        kill_grace_s: float,
-        previous: RunHandle | None = None,
-        tool_grant: frozenset[str] = frozenset(),
-        clock: Clock | None = None,
-    ) -> None:
-        self.lease = lease
-        # The worker's monotonic clock, which alone judges the fence (a
-        # ManualClock in tests, so the fence is driven without sleeping).
-        self.clock: Clock = clock or SystemClock()
-        self.claimed_at = claimed_at
-        # Self-fencing: stop before the lease could expire. The claim (or the
-        # renewal) was sent at `sent`; the database set locked_until after that.
-        self.lease_s = lease_s
-        self.margin_s = margin_s
-        self.fence_at = claimed_at + lease_s - margin_s
-        # The run id as text, made once: task names and the tools' env use it.
-        self.rid = str(lease.run_id)
-        self.cancel = asyncio.Event()
-        self.cancel_grace_s = cancel_grace_s
-        self.tools = ToolRunner(self.cancel, kill_grace_s, grant=tool_grant,
-                                run_env=run_vars(self.rid, lease.run.attempts, lease.epoch))
-        self.reason: StopReason | None = None
-        self.task: asyncio.Task[Any] | None = None
-        self.finished = Flag()
-        # Set when this attempt has really ended (an abandoned agent task
-        # included): only then may a newer attempt of the run start.
-        self.ended = Flag()
-        # The older attempt of the same run this one waits for, if any.
-        self.previous = previous
-        # Set by every stop and cancel: wakes an attempt waiting for `previous`.
-        self.stopping = Flag()
-        # Resolved when the lease is lost or self-fenced: whatever waits on the
-        # run stops waiting. A future, not an Event, so racing it costs no task.
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # Set once the final write (ack, nack...) is under way: a renewal that
-        # finds no row then means that write committed, not that the lease was lost.
-        self.closing = False
-        self._killing: asyncio.Task[None] | None = None
-
-    @property
-    def run_id(self) -> Any:
-        return self.lease.run_id
-
-    @property
-    def pool(self) -> str:
-        return self.lease.run.pool
-
-    @property
-    def writes_allowed(self) -> bool:
-        return self.reason not in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
-
-    @property
-    def lease_lost(self) -> bool:
-        """The lease is gone (lost or self-fenced): nothing more is written."""
-        return not self.writes_allowed
-
-    def may_write(self) -> bool:
-        """Checked before every write: False once the lease is lost, or once
-        the fence deadline has passed by this worker's own clock (then the
-        attempt is self-fenced here, whoever noticed first)."""
-        if not self.writes_allowed:
-            return False
-        now = self.clock.monotonic()
-        if now >= self.fence_at:
-            self.self_fence(now)
-            return False
-        return True
-
-    def self_fence(self, now: float) -> None:
-        if not self.writes_allowed:
-            return
-        metrics.child(metrics.SELF_FENCED, self.pool).inc()
-        log.error("run_self_fenced run_id=%s since_renewal_s=%.2f", self.run_id,
-                  now - (self.fence_at - self.lease_s + self.margin_s))
-        self.stop(StopReason.SELF_FENCED)
-
-    def renewed(self, sent_at: float) -> None:
-        self.fence_at = sent_at + self.lease_s - self.margin_s
-
-    def request_cancel(self) -> None:
-        """The user's Stop reached this worker (NOTIFY or the heartbeat flag)."""
-        if self.cancel.is_set() or self.reason is not None:
-            return
-        self.reason = StopReason.CANCEL
-        self.cancel.set()
-        self.stopping.set()
-        metrics.child(metrics.CANCELS, self.pool).inc()
-        log.info("run_cancel_requested run_id=%s", self.run_id)
-        if self.task is not None:
-            asyncio.get_running_loop().call_later(self.cancel_grace_s, self._cancel_task)
-
-    def stop(self, reason: StopReason) -> None:
-        """Stop now: drain, lost lease, self-fencing or the deadline."""
-        if self.reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
-            return
-        hard = reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
-        if self.reason is None or hard:
-            self.reason = reason
-        self.stopping.set()
-        if hard:
-            # Kill the tools now, not when the agent's task gets round to it:
-            # the task may be stuck on a dead socket.
-            self.tools.hard = True
-            if not self.lost.done():
-                self.lost.set_result(None)
-            self._killing = asyncio.ensure_future(self.tools.kill_all())
-        log.log(logging.WARNING if reason != StopReason.DRAIN else logging.INFO,
-                "run_stopping run_id=%s reason=%s", self.run_id, reason.value)
-        self._cancel_task()
-
-    def _cancel_task(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
+Acker = Callable[[RunHandle, Rendered], "asyncio.Future[bool]"]
 
 
 class Runner:
-    """Executes runs: agent task, outcome, the fenced write that ends it."""
+    """Executes runs: agent task, outcome, the fenced write that ends it.
+
+    A run whose agent simply returns needs no task besides its agent's: its
+    ending is done in callbacks (render the result, queue the ack, record the
+    outcome when the ack answers). Every other ending (an error, a stop, a
+    lost lease, a refused result, a newer attempt waiting for an older one)
+    goes the full way in a task of its own. Either way `ended(handle)` is
+    called once, when the attempt has really ended."""
 
     def __init__(
         self,
@@ -195,35 +61,144 @@ class Runner:
         agent: Agent,
         *,
         ack: Acker,
+        spawn: Callable[[Coroutine[Any, Any, None]], object],
+        ended: Callable[[RunHandle], None],
     ) -> None:
+        """`ack(handle, result)` queues the ack (its future: True once acked,
+        False if the lease was lost); `spawn` runs a coroutine as a task the
+        worker owns."""
         self.store = store
         self.agent = agent
         self.ack = ack
+        self.spawn = spawn
+        self.ended = ended
+
+    def launch(self, handle: RunHandle) -> None:
+        """Start an attempt (see the class docstring)."""
+        if handle.previous is not None and not handle.previous.ended.is_set():
+            self.spawn(self._whole(handle))
+            return
+        ctx, task, deadline = self._start_agent(handle)
+
+        def agent_done(_: object) -> None:
+            if handle.settled:
+                return  # a lost lease took the full way already
+            handle.settled = True
+            if deadline is not None:
+                deadline.cancel()
+            if not self._quick_end(handle, ctx, task):
+                self.spawn(self._rest(handle, ctx, task, None))
+
+        def lost(_: object) -> None:
+            if not handle.settled and not task.done():
+                handle.settled = True  # the agent may not stop: give it grace, then abandon
+                self.spawn(self._rest(handle, ctx, task, deadline))
+
+        task.add_done_callback(agent_done)
+        handle.lost.add_done_callback(lost)
+
+    def _quick_end(self, handle: RunHandle, ctx: RunContext, task: asyncio.Task[Any]) -> bool:
+        """The agent returned, nothing stopped the run and nothing is left to
+        write but the ack: queue it, and record the outcome when it answers.
+        False: the full way, please."""
+        if (task.cancelled() or task.exception() is not None or handle.reason is not None
+                or not ctx.idle or handle.tools.live or handle._killing is not None):
+            return False
+        try:
+            rendered = Rendered(self.store.render_result(task.result()))
+        except ResultRefused:
+            return False
+        handle.closing = True
+        if not handle.may_write():
+            self._conclude(handle, self._lost(handle))
+            return True
+
+        def acked(done: asyncio.Future[bool]) -> None:
+            outcome = Outcome.UNKNOWN
+            if done.cancelled():
+                log.error("run_execute_failed run_id=%s: ack cancelled", handle.run_id)
+            elif (error := done.exception()) is not None:
+                log.error("run_execute_failed run_id=%s", handle.run_id, exc_info=error)
+            else:
+                outcome = Outcome.DONE if done.result() else self._lost(handle)
+            self._conclude(handle, outcome)
+
+        self.ack(handle, rendered).add_done_callback(acked)
+        return True
+
+    def _conclude(self, handle: RunHandle, outcome: Outcome) -> None:
+        """Record the quick ending's outcome and end the attempt (after its
+        tools, if a lost lease is killing them)."""
+        if handle.tools.live or handle._killing is not None:
+            self.spawn(self._tools_then_end(handle, outcome))
+        else:
+            self._record(handle, outcome)
+            self.ended(handle)
+
+    async def _tools_then_end(self, handle: RunHandle, outcome: Outcome) -> None:
+        try:
+            await self._end_tools(handle)
+        finally:
+            self._record(handle, outcome)
+            self.ended(handle)
+
+    async def _whole(self, handle: RunHandle) -> None:
+        """The full way, from the start (a newer attempt waiting for an older one)."""
+        try:
+            await self.execute(handle)
+            if handle.task is not None and not handle.task.done():
+                # Abandoned: its agent ignored cancellation. It still runs, so
+                # it keeps its slot (and a newer attempt of the run waits) until
+                # it really ends.
+                await asyncio.wait({handle.task})
+        finally:
+            self.ended(handle)
+
+    async def _rest(self, handle: RunHandle, ctx: RunContext, task: asyncio.Task[Any],
+                    deadline: asyncio.TimerHandle | None) -> None:
+        """The full way, once the agent's task has ended or the lease is lost."""
+        try:
+            await self._guarded(handle, self._after_agent(handle, ctx, task, deadline))
+            if not task.done():
+                await asyncio.wait({task})  # abandoned: it keeps its slot until it ends
+        finally:
+            self.ended(handle)
 
     async def execute(self, handle: RunHandle) -> None:
         """Run the agent and write the outcome; never raises."""
-        run = handle.lease.run
+        await self._guarded(handle, self._execute(handle))
+
+    async def _guarded(self, handle: RunHandle, ending: Awaitable[Outcome]) -> None:
         outcome = Outcome.UNKNOWN
         try:
-            outcome = await self._execute(handle)
+            outcome = await ending
         except LeaseLost:
             outcome = self._lost(handle)
         except Exception:
-            log.exception("run_execute_failed run_id=%s", run.id)
+            log.exception("run_execute_failed run_id=%s", handle.run_id)
         finally:
-            if handle.tools.live:
-                await handle.tools.kill_all()
-            if handle._killing is not None:
-                await handle._killing
-            metrics.child(metrics.RUNS_FINISHED, run.pool, outcome).inc()
-            metrics.child(metrics.RUN_DURATION, run.pool, outcome).observe(
-                handle.clock.monotonic() - handle.claimed_at)
-            # A run that simply succeeded is logged at DEBUG: a busy worker
-            # finishes thousands a second, and metrics count them.
-            log.log(logging.DEBUG if outcome == Outcome.DONE else logging.INFO,
-                    "run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
-                    run.tenant_id, run.attempts, outcome)
-            handle.finished.set()
+            await self._end_tools(handle)
+            self._record(handle, outcome)
+
+    @staticmethod
+    async def _end_tools(handle: RunHandle) -> None:
+        if handle.tools.live:
+            await handle.tools.kill_all()
+        if handle._killing is not None:
+            await handle._killing
+
+    @staticmethod
+    def _record(handle: RunHandle, outcome: Outcome) -> None:
+        run = handle.lease.run
+        metrics.child(metrics.RUNS_FINISHED, run.pool, outcome).inc()
+        metrics.child(metrics.RUN_DURATION, run.pool, outcome).observe(
+            handle.clock.monotonic() - handle.claimed_at)
+        # A run that simply succeeded is logged at DEBUG: a busy worker
+        # finishes thousands a second, and metrics count them.
+        log.log(logging.DEBUG if outcome == Outcome.DONE else logging.INFO,
+                "run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
+                run.tenant_id, run.attempts, outcome)
+        handle.finished.set()
 
     @staticmethod
     def _lost(handle: RunHandle) -> Outcome:
@@ -252,22 +227,30 @@ class Runner:
                 stopping.cancel()
             if handle.reason is not None:
                 return await self._finish(handle, None, None)
+        ctx, task, deadline = self._start_agent(handle)
+        return await self._after_agent(handle, ctx, task, deadline)
+
+    def _start_agent(self, handle: RunHandle) -> tuple[
+            RunContext, asyncio.Task[Any], asyncio.TimerHandle | None]:
         handle.previous = None  # nothing more to wait for; let it be collected
-        ctx = RunContext(lease, self.store, cancel=handle.cancel, tools=handle.tools,
+        ctx = RunContext(handle.lease, self.store, cancel=handle.cancel, tools=handle.tools,
                          started=handle.claimed_at, fence=handle, clock=handle.clock)
         deadline = None
         if (left := ctx.deadline_left_s) is not None:
             deadline = asyncio.get_running_loop().call_later(
                 max(0.0, left), handle.stop, StopReason.DEADLINE)
+        task = asyncio.create_task(self._agent(ctx), name="run-" + handle.rid)
+        handle.task = task
+        if handle.cancel.is_set():
+            task.cancel()
+        return ctx, task, deadline
+
+    async def _after_agent(self, handle: RunHandle, ctx: RunContext, task: asyncio.Task[Any],
+                           deadline: asyncio.TimerHandle | None) -> Outcome:
         result: Any = None
         error: BaseException | None = None
-        agent_task: asyncio.Task[Any]
-        agent_task = asyncio.create_task(self._agent(ctx), name="run-" + handle.rid)
-        handle.task = agent_task
-        if handle.cancel.is_set():
-            agent_task.cancel()
         try:
-            result = await self._until_lost(handle, agent_task, grace_s=1.0)
+            result = await self._until_lost(handle, task, grace_s=1.0)
         except asyncio.CancelledError:
             if handle.reason is None:  # the worker itself is being cancelled
                 raise

@@ -163,14 +163,23 @@ class ToolRunner:
         kill_grace_s: float,
         *,
         grant: frozenset[str] = frozenset(),
-        run_env: Mapping[str, str] | None = None,
+        run_env: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
+        """`run_env` may be a function: made at the first tool (most runs
+        have none, and a busy worker makes a ToolRunner per run)."""
         self.cancel = cancel
         self.kill_grace_s = kill_grace_s
-        self.grant = toolenv.check_grant(grant)
-        self.run_env = dict(run_env or {})
+        self.grant = toolenv.check_grant(grant) if grant else frozenset()
+        self._run_env = run_env
         self.hard = False  # lease lost or self-fenced: SIGKILL at once
         self.live: set[asyncio.subprocess.Process] = set()
+
+    @property
+    def run_env(self) -> dict[str, str]:
+        if not isinstance(self._run_env, dict):
+            env = self._run_env() if callable(self._run_env) else self._run_env
+            self._run_env = dict(env or {})
+        return self._run_env
 
     def grace(self) -> float:
         return 0.0 if self.hard else self.kill_grace_s

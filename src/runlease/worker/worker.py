@@ -21,6 +21,8 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Coroutine
+from typing import Any
 from uuid import UUID
 
 from runlease import logs, metrics
@@ -44,8 +46,9 @@ from runlease.settings.worker import load_agent
 from runlease.worker import toolenv
 from runlease.worker.acker import Acker
 from runlease.worker.claimer import ClaimLoop
+from runlease.worker.handle import RunHandle, StopReason
 from runlease.worker.lease_keeper import LeaseKeeper
-from runlease.worker.runner import Agent, RunHandle, Runner, StopReason
+from runlease.worker.runner import Agent, Runner
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +129,8 @@ class Worker:
         self.registration = Registration(self.identity, s.pool, s.concurrency)
         await self._register()
         self.acker = Acker(self.store, pool=s.pool)
-        self.runner = Runner(self.store, self.agent, ack=self._ack)
+        self.runner = Runner(self.store, self.agent, ack=self._ack, spawn=self._spawn,
+                             ended=self._ended)
         self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
                                   lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
                                   prepare=s.prepared_statements, on_lost=self._lost,
@@ -294,31 +298,29 @@ class Worker:
         if lease.run.cancel_requested_at is not None or (
                 early is not None and self.clock.monotonic() - early < 30):
             handle.request_cancel()
-        task = asyncio.create_task(self._execute(handle), name="execute-" + handle.rid)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.runner.launch(handle)
         self.keeper.wakeup.set()  # its next wake-up may now be this run's fence
 
-    async def _execute(self, handle: RunHandle) -> None:
-        try:
-            await self.runner.execute(handle)
-            if handle.task is not None and not handle.task.done():
-                # Abandoned: its agent ignored cancellation. It still runs, so
-                # it keeps its slot (and a newer attempt of the run waits) until
-                # it really ends.
-                await asyncio.wait({handle.task})
-        finally:
-            self.active.discard(handle)
-            if self.held.get(handle.run_id) is handle:
-                del self.held[handle.run_id]
-            handle.ended.set()
-            metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool,
-                          handle.lease.run.tenant_id).dec()
-            self._slot_freed.set()
-            self._wake.set()
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """A task of the worker's (cancelled at shutdown if still running)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _ack(self, handle: RunHandle, result: Rendered) -> bool:
+    def _ended(self, handle: RunHandle) -> None:
+        """The attempt has really ended (an abandoned agent's task included)."""
+        self.active.discard(handle)
+        if self.held.get(handle.run_id) is handle:
+            del self.held[handle.run_id]
+        handle.ended.set()
+        metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool,
+                      handle.lease.run.tenant_id).dec()
+        self._slot_freed.set()
+        self._wake.set()
+
+    def _ack(self, handle: RunHandle, result: Rendered) -> asyncio.Future[bool]:
         done = self.acker.submit(handle.lease, result, handle.may_write)
+
         # A lost lease settles the ack at once: it must not wait on a batch
         # stuck behind a dead socket.
         def settle(_: object) -> None:
@@ -326,7 +328,7 @@ class Worker:
                 done.set_result(False)
 
         handle.lost.add_done_callback(settle)
-        return await done
+        return done
 
     # -- signals from the database --------------------------------------------------------
 

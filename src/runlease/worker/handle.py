@@ -1,0 +1,160 @@
+"""One attempt of one run on a worker: its lease, its agent's task, its
+tools, and why it stops (the stop reasons: worker/runner.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from typing import Any
+
+from runlease import metrics
+from runlease.clock import Clock, SystemClock
+from runlease.core.states import Outcome
+from runlease.db.models import Lease
+from runlease.worker.toolenv import run_vars
+from runlease.worker.tools import ToolRunner
+from runlease.worker.waits import Flag
+
+log = logging.getLogger(__name__)
+
+
+class StopReason(enum.Enum):
+    CANCEL = "cancel"
+    DRAIN = "drain"
+    LEASE_LOST = Outcome.LEASE_LOST.value
+    SELF_FENCED = Outcome.SELF_FENCED.value
+    DEADLINE = "deadline"
+
+
+class RunHandle:
+    """One attempt of one run on this worker: its lease, its agent task, its
+    tools, and why it stops. Every write for the attempt goes through its own
+    handle, never through a lookup by run id: after a reclaim, two handles of
+    one run exist (the old one unwinding, the new one waiting for it)."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        claimed_at: float,
+        lease_s: float,
+        margin_s: float,
+        cancel_grace_s: float,
+        kill_grace_s: float,
+        previous: RunHandle | None = None,
+        tool_grant: frozenset[str] = frozenset(),
+        clock: Clock | None = None,
+    ) -> None:
+        self.lease = lease
+        # The worker's monotonic clock, which alone judges the fence (a
+        # ManualClock in tests, so the fence is driven without sleeping).
+        self.clock: Clock = clock or SystemClock()
+        self.claimed_at = claimed_at
+        # Self-fencing: stop before the lease could expire. The claim (or the
+        # renewal) was sent at `sent`; the database set locked_until after that.
+        self.lease_s = lease_s
+        self.margin_s = margin_s
+        self.fence_at = claimed_at + lease_s - margin_s
+        # The run id as text, made once: task names and the tools' env use it.
+        self.rid = str(lease.run_id)
+        self.cancel = asyncio.Event()
+        self.cancel_grace_s = cancel_grace_s
+        self.tools = ToolRunner(self.cancel, kill_grace_s, grant=tool_grant,
+                                run_env=lambda: run_vars(self.rid, lease.run.attempts,
+                                                         lease.epoch))
+        self.reason: StopReason | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.finished = Flag()
+        # Set when this attempt has really ended (an abandoned agent task
+        # included): only then may a newer attempt of the run start.
+        self.ended = Flag()
+        # The older attempt of the same run this one waits for, if any.
+        self.previous = previous
+        # Set by every stop and cancel: wakes an attempt waiting for `previous`.
+        self.stopping = Flag()
+        # Resolved when the lease is lost or self-fenced: whatever waits on the
+        # run stops waiting. A future, not an Event, so racing it costs no task.
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Set once the final write (ack, nack...) is under way: a renewal that
+        # finds no row then means that write committed, not that the lease was lost.
+        self.closing = False
+        # Set when the attempt's ending is taken in hand, by the quick way or
+        # the full one (worker/runner.py): never both.
+        self.settled = False
+        self._killing: asyncio.Task[None] | None = None
+
+    @property
+    def run_id(self) -> Any:
+        return self.lease.run_id
+
+    @property
+    def pool(self) -> str:
+        return self.lease.run.pool
+
+    @property
+    def writes_allowed(self) -> bool:
+        return self.reason not in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
+
+    @property
+    def lease_lost(self) -> bool:
+        """The lease is gone (lost or self-fenced): nothing more is written."""
+        return not self.writes_allowed
+
+    def may_write(self) -> bool:
+        """Checked before every write: False once the lease is lost, or once
+        the fence deadline has passed by this worker's own clock (then the
+        attempt is self-fenced here, whoever noticed first)."""
+        if not self.writes_allowed:
+            return False
+        now = self.clock.monotonic()
+        if now >= self.fence_at:
+            self.self_fence(now)
+            return False
+        return True
+
+    def self_fence(self, now: float) -> None:
+        if not self.writes_allowed:
+            return
+        metrics.child(metrics.SELF_FENCED, self.pool).inc()
+        log.error("run_self_fenced run_id=%s since_renewal_s=%.2f", self.run_id,
+                  now - (self.fence_at - self.lease_s + self.margin_s))
+        self.stop(StopReason.SELF_FENCED)
+
+    def renewed(self, sent_at: float) -> None:
+        self.fence_at = sent_at + self.lease_s - self.margin_s
+
+    def request_cancel(self) -> None:
+        """The user's Stop reached this worker (NOTIFY or the heartbeat flag)."""
+        if self.cancel.is_set() or self.reason is not None:
+            return
+        self.reason = StopReason.CANCEL
+        self.cancel.set()
+        self.stopping.set()
+        metrics.child(metrics.CANCELS, self.pool).inc()
+        log.info("run_cancel_requested run_id=%s", self.run_id)
+        if self.task is not None:
+            asyncio.get_running_loop().call_later(self.cancel_grace_s, self._cancel_task)
+
+    def stop(self, reason: StopReason) -> None:
+        """Stop now: drain, lost lease, self-fencing or the deadline."""
+        if self.reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED):
+            return
+        hard = reason in (StopReason.LEASE_LOST, StopReason.SELF_FENCED)
+        if self.reason is None or hard:
+            self.reason = reason
+        self.stopping.set()
+        if hard:
+            # Kill the tools now, not when the agent's task gets round to it:
+            # the task may be stuck on a dead socket.
+            self.tools.hard = True
+            if not self.lost.done():
+                self.lost.set_result(None)
+            self._killing = asyncio.ensure_future(self.tools.kill_all())
+        log.log(logging.WARNING if reason != StopReason.DRAIN else logging.INFO,
+                "run_stopping run_id=%s reason=%s", self.run_id, reason.value)
+        self._cancel_task()
+
+    def _cancel_task(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
