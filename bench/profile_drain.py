@@ -38,7 +38,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import fresh_database, print_table, server
 from claim import load_store
-from throughput import UNFINISHED_SQL, WorkerProc, scalar, terminate_as_interrupt
+from throughput import FIRST_DONE_SQL, UNFINISHED_SQL, WorkerProc, scalar, terminate_as_interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,11 +127,15 @@ def main() -> None:
                                    stdout=subprocess.DEVNULL)
         try:
             t0 = time.perf_counter()
+            cpu_at_first: float | None = None
             with psycopg.connect(url, autocommit=True) as poll:
                 while scalar(poll, UNFINISHED_SQL):
+                    if cpu_at_first is None and scalar(poll, FIRST_DONE_SQL):
+                        cpu_at_first = sum(w.cpu_s() for w in workers)
                     for w in workers:
                         w.check_alive()
                     time.sleep(0.05)
+                cpu_s = sum(w.cpu_s() for w in workers) - (cpu_at_first or 0.0)
                 drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
                                              "min(finished_at)) FROM agent_runs"))
             wall_s = time.perf_counter() - t0
@@ -142,7 +146,8 @@ def main() -> None:
             for w in workers:
                 w.stop()
         print(f"{args.jobs:,} runs, {args.processes} worker(s): drain "
-              f"{args.jobs / drain_s:,.0f} jobs/s, wall {args.jobs / wall_s:,.0f} jobs/s"
+              f"{args.jobs / drain_s:,.0f} jobs/s, wall {args.jobs / wall_s:,.0f} jobs/s, "
+              f"worker CPU {cpu_s * 1000 / args.jobs:.3f} ms/run"
               + (f" (under py-spy, {args.rate} samples/s); profile in {args.out}"
                  if spy is not None else ""))
         if args.db_stats:

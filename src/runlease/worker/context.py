@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from runlease.clock import Clock, SystemClock
@@ -74,8 +75,8 @@ class RunContext:
         self._cancel = cancel
         self._tools = tools
         started = self._clock.monotonic() if started is None else started
-        self._budget = BudgetKeeper(lease, store, write=self._write, clock=self._clock,
-                                    started=started)
+        self._budget = BudgetKeeper(lease, store, write=partial(fenced_write, fence, lease),
+                                    clock=self._clock, started=started)
         # Made on first use: most runs use few of them, and a draining worker
         # makes a context per run, thousands a second (docs/benchmarks.md).
         self._children_: Children | None = None
@@ -210,18 +211,7 @@ class RunContext:
     # -- writes, fenced by the lease ---------------------------------------------
 
     async def _write(self, op: Callable[[], Awaitable[T]]) -> T:
-        """A fenced write that rides out database trouble, never past the
-        fence: a try after the lease could have expired is dropped, not sent."""
-        delay = 0.1
-        while True:
-            if self._fence is not None and not self._fence.may_write():
-                raise LeaseLost(self.run_id, self.lease_epoch)
-            try:
-                return await op()
-            except DatabaseUnavailable as exc:
-                log.warning("run_write_retry run_id=%s error=%s", self.run_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
+        return await fenced_write(self._fence, self.lease, op)
 
     async def emit(self, kind: str, data: Mapping[str, Any] | None = None) -> int:
         """Store an event (redacted, fenced) and notify followers; returns its seq."""
@@ -361,6 +351,24 @@ class RunContext:
             await self._stream.close()
         if self._http is not None:
             await self._http.aclose()
+
+
+async def fenced_write(fence: Fence | None, lease: Lease, op: Callable[[], Awaitable[T]]) -> T:
+    """A fenced write that rides out database trouble, never past the fence:
+    a try after the lease could have expired is dropped, not sent. A function
+    of the fence and the lease, not of the context: what the context hands it
+    to (its budget) must not point back at it, or every run's context would
+    be a cycle only the collector frees."""
+    delay = 0.1
+    while True:
+        if fence is not None and not fence.may_write():
+            raise LeaseLost(lease.run_id, lease.epoch)
+        try:
+            return await op()
+        except DatabaseUnavailable as exc:
+            log.warning("run_write_retry run_id=%s error=%s", lease.run_id, exc)
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
 
 
 def _now() -> datetime:

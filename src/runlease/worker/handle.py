@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from functools import partial
 from typing import Any
 
 from runlease import metrics
@@ -61,8 +62,8 @@ class RunHandle:
         self.cancel = asyncio.Event()
         self.cancel_grace_s = cancel_grace_s
         self.tools = ToolRunner(self.cancel, kill_grace_s, grant=tool_grant,
-                                run_env=lambda: run_vars(self.rid, lease.run.attempts,
-                                                         lease.epoch))
+                                run_env=partial(run_vars, self.rid, lease.run.attempts,
+                                                lease.epoch))
         self.reason: StopReason | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = Flag()

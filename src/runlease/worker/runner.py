@@ -84,6 +84,9 @@ class Runner:
             if handle.settled:
                 return  # a lost lease took the full way already
             handle.settled = True
+            # The callback points at the handle that holds the future: a
+            # cycle only the collector would free, for every run.
+            handle.lost.remove_done_callback(lost)
             if deadline is not None:
                 deadline.cancel()
             if not self._quick_end(handle, ctx, task):

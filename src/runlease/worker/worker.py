@@ -328,6 +328,9 @@ class Worker:
                 done.set_result(False)
 
         handle.lost.add_done_callback(settle)
+        # Once answered, settle goes (the handle holds `lost`, which would
+        # hold settle and the ack's future until the collector came by).
+        done.add_done_callback(lambda _: handle.lost.remove_done_callback(settle))
         return done
 
     # -- signals from the database --------------------------------------------------------
