@@ -119,6 +119,24 @@ def test_a_changed_functions_file_is_applied_again(db_url: str) -> None:
     assert row == (0,)
 
 
+def test_migrate_check_lists_what_is_pending(empty_db_url: str) -> None:
+    from click.testing import CliRunner
+
+    from runlease.cli.server import main
+
+    def check() -> tuple[int, list[str]]:
+        result = CliRunner().invoke(main, ["migrate", "--check", "--database-url", empty_db_url])
+        return result.exit_code, result.output.splitlines()
+
+    code, lines = check()
+    assert code == 1
+    assert lines == [f"pending: {m.file}" for m in [*migrations(), functions()]]
+    assert lines[0] == "pending: migrations/0001_initial.sql"
+    assert lines[-1] == "pending: functions.sql"
+    migrate(empty_db_url)
+    assert check() == (0, [])
+
+
 def test_a_start_with_nothing_to_apply_takes_no_table_lock(db_url: str) -> None:
     with psycopg.connect(db_url) as holder, ThreadPoolExecutor(1) as pool:
         holder.execute("LOCK TABLE agent_runs IN ACCESS EXCLUSIVE MODE")
