@@ -23,6 +23,36 @@ from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate
 
 
+def server_cpu_s(url: str) -> float | None:
+    """CPU seconds (user + system) the server on this machine has used: the
+    postmaster, its live children (backends, walwriter...) and the children
+    it has reaped. None when it is not a local server whose processes can be
+    read. A drain's server CPU per run, unlike its rate, hardly moves with
+    the neighbours' load."""
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute("SELECT pid FROM pg_stat_activity"
+                               " WHERE backend_type = 'checkpointer'").fetchone()
+        if row is None:
+            return None
+        postmaster = int(Path(f"/proc/{row[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(stat.parent.name)
+            if pid == postmaster:  # its own time and its reaped children's
+                total += sum(int(f) for f in fields[11:15]) / tick
+            elif int(fields[1]) == postmaster:
+                total += (int(fields[11]) + int(fields[12])) / tick
+        return total
+    except (OSError, ValueError, IndexError, psycopg.Error):
+        return None
+
+
 @contextmanager
 def server(url: str | None, durable: bool = True) -> Iterator[str]:
     """The given URL, or a fresh embedded PostgreSQL (durable, as in production)."""

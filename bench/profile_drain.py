@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import fresh_database, print_table, server
+from benchlib import fresh_database, print_table, server, server_cpu_s
 from claim import load_store
 from throughput import FIRST_DONE_SQL, UNFINISHED_SQL, WorkerProc, scalar, terminate_as_interrupt
 
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=100)
     ap.add_argument("--processes", type=int, default=1)
+    ap.add_argument("--claim-batch", type=int, help="the workers' claim_batch (default: theirs)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "img" / "drain-flame.svg"))
     ap.add_argument("--format", default="flamegraph",
                     choices=("flamegraph", "speedscope", "raw"))
@@ -116,7 +117,10 @@ def main() -> None:
                 conn.execute("SELECT pg_stat_statements_reset()")
         workers = [WorkerProc(url, f"profile{i}", {"agent": "bench.agents:noop",
                                                    "concurrency": args.concurrency,
-                                                   "reaper": i == 0}, log_dir).start()
+                                                   "reaper": i == 0,
+                                                   **({"claim_batch": args.claim_batch}
+                                                      if args.claim_batch else {})},
+                              log_dir).start()
                    for i in range(args.processes)]
         spy = None
         if not args.no_spy:
@@ -128,14 +132,17 @@ def main() -> None:
         try:
             t0 = time.perf_counter()
             cpu_at_first: float | None = None
+            db_at_first: float | None = None
             with psycopg.connect(url, autocommit=True) as poll:
                 while scalar(poll, UNFINISHED_SQL):
                     if cpu_at_first is None and scalar(poll, FIRST_DONE_SQL):
                         cpu_at_first = sum(w.cpu_s() for w in workers)
+                        db_at_first = server_cpu_s(url)
                     for w in workers:
                         w.check_alive()
                     time.sleep(0.05)
                 cpu_s = sum(w.cpu_s() for w in workers) - (cpu_at_first or 0.0)
+                db_at_end = server_cpu_s(url)
                 drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
                                              "min(finished_at)) FROM agent_runs"))
             wall_s = time.perf_counter() - t0
@@ -148,6 +155,8 @@ def main() -> None:
         print(f"{args.jobs:,} runs, {args.processes} worker(s): drain "
               f"{args.jobs / drain_s:,.0f} jobs/s, wall {args.jobs / wall_s:,.0f} jobs/s, "
               f"worker CPU {cpu_s * 1000 / args.jobs:.3f} ms/run"
+              + (f", server CPU {(db_at_end - db_at_first) * 1000 / args.jobs:.3f} ms/run"
+                 if db_at_first is not None and db_at_end is not None else "")
               + (f" (under py-spy, {args.rate} samples/s); profile in {args.out}"
                  if spy is not None else ""))
         if args.db_stats:
