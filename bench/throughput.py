@@ -53,7 +53,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import emit_json, fresh_database, machine, print_table, server
+from benchlib import emit_json, fresh_database, machine, print_table, server, server_cpu_s
 from claim import load_store
 
 BENCH = Path(__file__).resolve().parent
@@ -218,9 +218,11 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
             }, log_dir).start())
         deadline = t0 + timeout_s
         cpu_at_first: float | None = None
+        server_at_first: float | None = None
         while scalar(poll, UNFINISHED_SQL):
             if cpu_at_first is None and scalar(poll, FIRST_DONE_SQL):
                 cpu_at_first = sum(p.cpu_s() for p in fleet)  # the drain began
+                server_at_first = server_cpu_s(url)
             for p in fleet:
                 p.check_alive()
             if time.perf_counter() > deadline:
@@ -231,6 +233,7 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
             time.sleep(POLL_S)
         wall_s = time.perf_counter() - t0
         cpu_s = sum(p.cpu_s() for p in fleet) - (cpu_at_first or 0.0)
+        server_at_end = server_cpu_s(url)
         if left := scalar(poll, LEFT_SQL):
             raise RuntimeError(f"{left} of {jobs} runs ended other than done")
         drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
@@ -254,6 +257,11 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
         # last, per run: what the worker's Python costs, much less moved by
         # the neighbours' load than the rates are.
         "worker_cpu_ms_per_run": round(cpu_s * 1000 / jobs, 4),
+        # The server's (postmaster and children), over the same span; None
+        # when its processes cannot be read (a remote server).
+        "server_cpu_ms_per_run": (round((server_at_end - server_at_first) * 1000 / jobs, 4)
+                                  if server_at_first is not None and server_at_end is not None
+                                  else None),
         "host_loadavg_1m_before": round(load_before, 2),
         "worker_warnings": warnings[:20],
     }
@@ -349,23 +357,23 @@ def print_report(figures: dict[str, Any]) -> None:
         rows.append([f"runlease{via} P={r['processes']} x c={r['concurrency']}",
                      r["jobs_per_s"], r["drain_jobs_per_s"], r["wall_s"], r["startup_s"],
                      r["enqueue_runs_per_s"], r["host_loadavg_1m_before"],
-                     r["worker_cpu_ms_per_run"]])
+                     r["worker_cpu_ms_per_run"], r["server_cpu_ms_per_run"]])
     raw = figures["raw_floor"]
     rows.append([f"raw SQL floor K={raw['claimers']} batch={raw['batch']}", "",
-                 raw["jobs_per_s"], "", "", "", raw["host_loadavg_1m_before"], ""])
+                 raw["jobs_per_s"], "", "", "", raw["host_loadavg_1m_before"], "", ""])
     for name in ("pgqueuer", "procrastinate"):
         p = figures[name]
         if p.get("status") != "ok":
-            rows.append([name, p["status"], "", "", "", "", "", ""])
+            rows.append([name, p["status"], "", "", "", "", "", "", ""])
             continue
         s = p["settings"]
         shape = (f"consumers={s['consumers']} batch={s['batch_size']}" if name == "pgqueuer"
                  else f"concurrency={s['concurrency']}")
         rows.append([f"{name} {p['version']} {shape}", "", p["jobs_per_s"], "",
                      p["startup_s"], round(jobs / p["enqueue_s"], 1) if p["enqueue_s"] else "",
-                     p["host_loadavg_1m_before"], ""])
+                     p["host_loadavg_1m_before"], "", ""])
     print_table(["queue", "wall jobs/s", "drain jobs/s", "wall s", "startup s",
-                 "enqueue runs/s", "load1", "worker CPU ms/run"], rows)
+                 "enqueue runs/s", "load1", "worker CPU ms/run", "server CPU ms/run"], rows)
     r, t = figures["ratios"], figures["targets"]
     b = figures["best"]
     print(f"\nbest runlease: {b['jobs_per_s']:,.0f} jobs/s wall (P={b['processes']}), "

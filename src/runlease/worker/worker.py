@@ -313,6 +313,9 @@ class Worker:
         if self.held.get(handle.run_id) is handle:
             del self.held[handle.run_id]
         handle.ended.set()
+        # Its task is done with: a failed agent's traceback reaches the handle
+        # (through the context's fence), a cycle only the collector would free.
+        handle.task = None
         metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool,
                       handle.lease.run.tenant_id).dec()
         self._slot_freed.set()
