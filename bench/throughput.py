@@ -10,7 +10,7 @@ pending or leased: two EXISTS on the partial indexes, as cheap for the server
 as the peers' EXISTS poll; a count(*) of the table cost ~10 ms of the
 server's CPU per poll, a fifth of a core taken from the drain it measured).
 Settings are the idiomatic ones: `--concurrency` slots per process, claim
-batch = the free slots (the default), acks grouped by the worker's acker,
+batch = half the slots (the default), acks grouped by the worker's acker,
 heartbeats on (default interval), one reaper (the others --no-reaper),
 metrics off, log level WARNING (the peers' workers log warnings only too).
 

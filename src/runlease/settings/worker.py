@@ -56,7 +56,8 @@ class WorkerSettings(ReaperSettings):
     pool: str = setting("default", "The pool whose runs this worker claims.")
     concurrency: int = setting(10, "Runs executed at once (slots).", minimum=1, maximum=10_000)
     claim_batch: int | None = setting(
-        None, "Most runs claimed in one statement; defaults to concurrency.", minimum=1,
+        None, "Most runs claimed in one statement; defaults to half the concurrency (so "
+              "the next claim goes out while the previous one's runs finish).", minimum=1,
         maximum=1000)
     lease_s: int = setting(
         0, "Lease length: a run whose worker stops renewing is reaped this long after the "
@@ -137,4 +138,8 @@ class WorkerSettings(ReaperSettings):
 
     @property
     def batch(self) -> int:
-        return min(self.claim_batch or self.concurrency, self.concurrency)
+        # Half by default: with every slot claimed in one statement, a worker
+        # of short runs alternates claim, runs, ack, claim; with half, a claim
+        # is under way while the other half's runs finish and are acked
+        # (docs/benchmarks.md: +13-45 % on a 20,000-run drain, 2 processes).
+        return min(self.claim_batch or max(1, (self.concurrency + 1) // 2), self.concurrency)
