@@ -13,14 +13,18 @@ Which index drives the scan, newest first (ids are UUIDv7, creation-ordered):
     idempotency_key   agent_runs_idempotency_idx (pool, tenant, key)
     parent_run_id     agent_runs_parent_idx (parent_run_id, id)
     label             agent_run_labels (tenant, key, value, run_id), or
-                      (key, value, run_id) for an admin across tenants
+                      (key, value, run_id) for an admin across tenants; with
+                      several labels, one range each, merge-joined on run_id
     status=dead       agent_runs_dead_idx (id)
+    finished only     agent_runs_finished_tenant_idx (tenant, id) where finished:
+                      statuses done/cancelled/dead, or a finished_* bound
     otherwise         agent_run_tenant_index (tenant, run_id), or the primary
                       key for an admin across tenants
 
 The other filters narrow that scan; created_* and finished_before also bound
-it by id (a run is created, and finishes, after its id's time). None of these
-indexes is on a column a claim, ack or heartbeat changes.
+it by id (a run is created, and finishes, after its id's time). No claim or
+heartbeat changes a column of these indexes; a run's finish adds its one
+entry to agent_runs_finished_tenant_idx (that update is not HOT anyway).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from uuid import UUID
 from psycopg import sql
 
 from runlease.core import bounds, run_options
-from runlease.core.states import RunStatus
+from runlease.core.states import TERMINAL, RunStatus
 from runlease.db.executor import Conn, Executor
 from runlease.db.models import Run
 from runlease.errors import ValidationError
@@ -152,24 +156,52 @@ def _source(f: RunFilter, p: dict[str, Any],
             where.append(sql.SQL("r.labels @> %(labels)s::jsonb"))
         return sql.SQL("agent_runs r"), sql.SQL("r.id")
     if f.labels:
-        p["label_key"], p["label_value"] = f.labels[0]
-        where.append(sql.SQL("d.key = %(label_key)s AND d.value = %(label_value)s"))
-        if f.tenant_id is not None:
-            where.append(sql.SQL("d.tenant_id = %(tenant)s"))
-        if len(f.labels) > 1:
-            wanted = dict(f.labels)
-            if len(wanted) < len(set(f.labels)):  # two values for one key: nothing matches
-                where.append(sql.SQL("false"))
-            p["labels"] = json.dumps(wanted)
-            where.append(sql.SQL("r.labels @> %(labels)s::jsonb"))
-        return sql.SQL("agent_run_labels d") + BY_ID, sql.SQL("d.run_id")
+        return _by_labels(f, p, where), sql.SQL("d.run_id")
     if f.tenant_id is not None and tuple(f.statuses) != (RunStatus.DEAD,):
+        if _finished_only(f):
+            # Implied by the statuses (a CHECK ties them), said for the planner.
+            where.append(sql.SQL("r.finished_at IS NOT NULL"))
+            return sql.SQL("agent_runs r"), sql.SQL("r.id")
         where.append(sql.SQL("d.tenant_id = %(tenant)s"))
         return sql.SQL("agent_run_tenant_index d") + BY_ID, sql.SQL("d.run_id")
     # Every tenant's runs by primary key; or a tenant's dead ones through
     # agent_runs_dead_idx (dead runs are few, and may be far back in a
     # tenant's line).
     return sql.SQL("agent_runs r"), sql.SQL("r.id")
+
+
+def _finished_only(f: RunFilter) -> bool:
+    """Whether only finished runs can match: agent_runs_finished_tenant_idx has them all."""
+    if f.statuses:
+        return TERMINAL.issuperset(f.statuses)
+    return f.finished_after is not None or f.finished_before is not None
+
+
+def _by_labels(f: RunFilter, p: dict[str, Any], where: list[sql.Composable]) -> sql.Composable:
+    """The side table's rows of the first label, each further label's joined
+    on the run id. Both index ranges come in run-id order, so the planner
+    merges them newest first and stops at a full page: reading the first
+    label's runs and checking the others on each run row would read every
+    run of the first label when the others are rare (or, as
+    team:x&case:y that never meet, match none)."""
+    wanted = dict(f.labels)
+    if len(wanted) < len(set(f.labels)):  # two values for one key: nothing matches
+        where.append(sql.SQL("false"))
+    source: sql.Composable = sql.SQL("agent_run_labels d")
+    for i, (key, value) in enumerate(wanted.items()):
+        p[f"label_key_{i}"], p[f"label_value_{i}"] = key, value
+        match = sql.SQL("{t}.key = {k} AND {t}.value = {v}").format(
+            t=sql.Identifier(f"d{i}" if i else "d"), k=sql.Placeholder(f"label_key_{i}"),
+            v=sql.Placeholder(f"label_value_{i}"))
+        if f.tenant_id is not None:
+            match += sql.SQL(" AND {}.tenant_id = %(tenant)s").format(
+                sql.Identifier(f"d{i}" if i else "d"))
+        if i == 0:
+            where.append(match)
+        else:
+            source += sql.SQL(" JOIN agent_run_labels {t} ON {t}.run_id = d.run_id AND ").format(
+                t=sql.Identifier(f"d{i}")) + match
+    return source + BY_ID
 
 
 def _narrow(f: RunFilter, key: sql.Composable, p: dict[str, Any],

@@ -198,6 +198,13 @@ CREATE INDEX agent_runs_finished_idx
     ON agent_runs (pool, finished_at)
     WHERE finished_at IS NOT NULL;
 
+-- Listing a tenant's finished runs (status done, cancelled or dead, or a
+-- finished_* bound), newest first, without reading the pending and leased
+-- runs above them in its line. One entry per run, added when it finishes.
+CREATE INDEX agent_runs_finished_tenant_idx
+    ON agent_runs (tenant_id, id)
+    WHERE finished_at IS NOT NULL;
+
 -- Queue stats: the oldest ready run's wait (one descent), not a scan of the
 -- pool's pending runs. available_at changes only on transitions that are not
 -- HOT anyway.
