@@ -36,11 +36,13 @@ from typing import Any
 from uuid import UUID
 
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from runlease.core import bounds, run_options
 from runlease.core.states import TERMINAL, RunStatus
 from runlease.db.executor import Conn, Executor
 from runlease.db.models import Run
+from runlease.db.run_json import RUN_JSON_COLUMNS, page_json
 from runlease.errors import ValidationError
 
 MAX_LABEL_FILTERS = run_options.LABELS_MAX
@@ -239,9 +241,24 @@ class SearchStore(Executor):
     async def search(self, f: RunFilter, *, limit: int = 50, before: UUID | None = None,
                      conn: Conn | None = None) -> list[Run]:
         """Newest first; pass the last id of a page as `before` for the next."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
-            raise ValidationError("limit", f"must be between 1 and {MAX_LIMIT}")
+        _check_limit(limit)
         query, params = select_runs(f.validated(), limit=limit, before=before)
         async with self.connection(conn) as c, c.cursor() as cur:
             await cur.execute(query, params)
             return [Run.from_row(r) for r in await cur.fetchall()]
+
+    async def search_page(self, f: RunFilter, *, admin: bool, limit: int = 50,
+                          before: UUID | None = None, conn: Conn | None = None) -> bytes:
+        """The runs `search` finds as the API's page (RunPage) JSON text,
+        rendered by the statement (db/run_json.py); `admin` shows leases."""
+        _check_limit(limit)
+        query, params = select_runs(f.validated(), limit=limit, before=before,
+                                    columns=RUN_JSON_COLUMNS[admin])
+        async with self.connection(conn) as c, c.cursor(row_factory=tuple_row) as cur:
+            await cur.execute(query, params)
+            return page_json(await cur.fetchall(), limit)
+
+
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ValidationError("limit", f"must be between 1 and {MAX_LIMIT}")
