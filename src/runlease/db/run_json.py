@@ -66,7 +66,7 @@ def _columns(admin: bool) -> sql.Composable:
             sql.Literal(BACKOFF_BASE_S))),
         ("backoff_cap_s", sql.SQL("coalesce(r.backoff_cap_s, {})").format(
             sql.Literal(BACKOFF_CAP_S))),
-        ("non_retryable_codes", sql.SQL("coalesce(r.non_retryable_codes, '{{}}')")),
+        ("non_retryable_codes", sql.SQL("coalesce(r.non_retryable_codes, '{}')")),
         ("usage", sql.SQL(
             "(SELECT row_to_json(u) FROM (SELECT r.input_tokens, r.output_tokens,"
             " {cost} AS cost, r.turns_used AS turns, r.tool_calls_used AS tool_calls) u)"
@@ -81,8 +81,9 @@ def _columns(admin: bool) -> sql.Composable:
 
 
 # `r.id` as text and the run's JSON text, over `r` (agent_runs): the
-# `columns` of db/run_search.select_runs, for a tenant and for an admin.
-RUN_JSON_COLUMNS = {False: _columns(False), True: _columns(True)}
+# `columns` of db/run_search.select_runs, for a tenant and for an admin. One
+# piece of text each: composed, it would be joined again at every request.
+RUN_JSON_COLUMNS = {admin: sql.SQL(_columns(admin).as_string(None)) for admin in (False, True)}
 
 
 def page_json(rows: list[tuple[str, str]], limit: int) -> bytes:
