@@ -346,16 +346,41 @@ def test_finished_filters_start_from_the_tenants_finished_runs(many_runs: str,
     assert ("Index Scan", "agent_runs", "agent_runs_finished_tenant_idx") in scans, scans
 
 
-def test_several_labels_are_joined_from_the_label_index(many_runs: str) -> None:
-    """Every label is a range of the side table's index, none a filter on
+def test_several_labels_are_found_in_the_label_index(many_runs: str) -> None:
+    """Every label is looked up in the side table's indexes, none checked in
     the runs' labels column (which reads every run of the first label)."""
     for generic_plan in (False, True):
-        scans = plan_scans(many_runs, FILTERS["labels"], generic_plan=generic_plan)
-        labels = [s for s in scans if s[1] == "agent_run_labels"]
-        assert len(labels) == 2, scans
-        assert all(s[0] in ("Index Only Scan", "Index Scan") for s in labels), scans
-        query, _ = select_runs(FILTERS["labels"], limit=50)
-        assert "r.labels" not in query.as_string(None)
+        for f in (FILTERS["labels"], FILTERS["admin_labels"]):
+            scans = plan_scans(many_runs, f, generic_plan=generic_plan)
+            labels = [s for s in scans if s[1] == "agent_run_labels"]
+            assert len(labels) == 2, scans
+            assert all(s[0] in ("Index Only Scan", "Index Scan", "Bitmap Heap Scan")
+                       for s in labels), scans
+            query, _ = select_runs(f, limit=50)
+            assert "r.labels" not in query.as_string(None)
+
+
+async def test_the_rarest_label_is_read_first(live_store: RunStore) -> None:
+    """label_counts orders the labels, whatever order they are given in; a
+    label no run has answers an empty page without the search."""
+    for i in range(6):
+        await live_store.enqueue("default", "acme", {"i": i},
+                                 labels={"team": "a", **({"case": "rare"} if i == 2 else {})})
+    await live_store.enqueue("default", "globex", {}, labels={"case": "rare"})
+    for labels in ((("team", "a"), ("case", "rare")), (("case", "rare"), ("team", "a"))):
+        f = RunFilter(tenant_id="acme", labels=labels)
+        async with live_store.connection() as conn:
+            ordered = await live_store._rarest_label_first(f, conn)
+        assert ordered is not None
+        assert ordered.labels == (("case", "rare"), ("team", "a"))
+        found = await live_store.search(f)
+        assert [r.input_json for r in found] == [{"i": 2}]
+        assert json.loads(await live_store.search_page(f, admin=False))["items"][0]["id"] == \
+            str(found[0].id)
+    none = RunFilter(tenant_id="acme", labels=(("team", "a"), ("case", "nobody")))
+    assert await live_store.search(none) == []
+    assert json.loads(await live_store.search_page(none, admin=True)) == {
+        "items": [], "next_cursor": None}
 
 
 def test_without_the_label_index_the_label_filter_would_scan(many_runs: str) -> None:
