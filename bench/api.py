@@ -12,7 +12,9 @@ listing over a million runs, and SSE fan-out latency.
 - bulk: POST /v1/runs/batch with 1,000 runs a request from 4 connections.
 - list: --list-runs runs (default 1,000,000) written straight into the
   tables (200 tenants, labels, mostly finished), then GET /v1/runs with one
-  filter set after another, from 4 connections: latency p50/p99.
+  filter set after another, from 4 connections: latency p50/p99, and the CPU
+  the load generator and the API process spent meanwhile (they share the
+  machine's cores with PostgreSQL), with the load average before and after.
 - The targets (issue 15), printed in `targets`: single submits >= 1,000
   runs/s at 32 clients, bulk >= 20,000 runs/s, list p99 < 50 ms.
 - fan-out: S subscribers follow one busy run's event stream while a writer
@@ -255,11 +257,27 @@ async def list_load(base: str, n: int, rounds: int, concurrency: int = 4) -> dic
         finally:
             http.close()
 
+    # What the load itself costs this machine (the client shares its 2 cores
+    # with the API and PostgreSQL): this process's CPU over the same span.
+    load_before, cpu_before, started = os.getloadavg()[0], time.process_time(), \
+        time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
     everything = [x for v in by_name.values() for x in v]
     return {"runs": n, "requests": len(everything), "concurrency": concurrency,
             "p50_ms": pct(everything, 0.5) * 1000, "p99_ms": pct(everything, 0.99) * 1000,
-            "by_filter_p99_ms": {k: pct(v, 0.99) * 1000 for k, v in by_name.items()}}
+            "by_filter_p99_ms": {k: pct(v, 0.99) * 1000 for k, v in by_name.items()},
+            "wall_s": wall, "client_cpu_s": time.process_time() - cpu_before,
+            "load_avg": [load_before, os.getloadavg()[0]]}
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def fan_out(base: str, url: str, subscribers: int, events: int,
@@ -328,7 +346,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 figures["fan_out"] = await fan_out(base, url, args.subscribers, args.events,
                                                    args.rate)
             figures["list_load_s"] = load_runs(url, args.list_runs)
+            api_cpu = process_cpu_s(api.pid)
             figures["list"] = await list_load(base, args.list_runs, args.list_rounds)
+            if api_cpu is not None:
+                figures["list"]["api_cpu_s"] = (process_cpu_s(api.pid) or 0) - api_cpu
         finally:
             os.killpg(api.pid, signal.SIGTERM)
             try:
@@ -389,6 +410,10 @@ def main() -> None:
           f"(loaded in {figures['list_load_s']:.0f} s), {listing['concurrency']} connections\n")
     print_table(["filter", "p99 ms"], [[k, v] for k, v in listing["by_filter_p99_ms"].items()]
                 + [["all", listing["p99_ms"]]])
+    print(f"CPU over the list load's {listing['wall_s']:.1f} s: the load generator "
+          f"{listing['client_cpu_s']:.1f} s, the API process "
+          f"{listing.get('api_cpu_s', float('nan')):.1f} s; load average "
+          f"{listing['load_avg'][0]:.1f} -> {listing['load_avg'][1]:.1f}")
     if "fan_out" in figures:
         fan = figures["fan_out"]
         print(f"\nSSE fan-out: {fan['subscribers']} subscribers on one run, {fan['events']} "
