@@ -60,7 +60,9 @@ CREATE TABLE agent_run_tenant_limits (
 
 -- The hot table. Heartbeats rewrite locked_until every few seconds, so no
 -- index mentions locked_until (or updated_at, or event_seq): those updates
--- stay HOT, and fillfactor leaves room on each page for the new versions.
+-- stay HOT, and fillfactor leaves room on each page for a new version of
+-- each of its rows (one heartbeat renews every lease of a worker, and a
+-- worker's leases, claimed together, fill whole pages).
 -- There is deliberately no foreign key on pool: every insert would share-lock
 -- the one pool row and serialize concurrent enqueues on MultiXacts; enqueue
 -- checks the pool itself.
@@ -127,11 +129,10 @@ CREATE TABLE agent_runs (
     CONSTRAINT agent_runs_attempts_bounded CHECK (attempts <= max_attempts),
     CONSTRAINT agent_runs_pending_not_cancelled
         CHECK (status <> 'pending' OR cancel_requested_at IS NULL),
-    CONSTRAINT agent_runs_dead_has_code CHECK (status <> 'dead' OR error_code IS NOT NULL),
-    CONSTRAINT agent_runs_input_is_object CHECK (jsonb_typeof(input_json) = 'object'),
-    CONSTRAINT agent_runs_budget_is_object CHECK (jsonb_typeof(budget_json) = 'object')
+    CONSTRAINT agent_runs_dead_has_code CHECK (status <> 'dead' OR error_code IS NOT NULL)
+    -- input_json and budget_json are objects: agent_runs_objects_check below.
 ) WITH (
-    fillfactor = 70,
+    fillfactor = 50,
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_threshold = 500,
     autovacuum_vacuum_insert_scale_factor = 0.05,
@@ -477,14 +478,43 @@ CREATE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION runlease_count_rows();
 
+-- The columns are compared first, so an update that changes none of them (a
+-- heartbeat, a usage write) evaluates five comparisons and no counted state.
 CREATE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
     FOR EACH ROW
-    WHEN (runlease_counted_state(OLD.status, OLD.delayed)
-              IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
-          OR (NEW.status = 'dead' AND OLD.error_code IS DISTINCT FROM NEW.error_code)
-          OR OLD.pool IS DISTINCT FROM NEW.pool
-          OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id)
+    WHEN ((OLD.delayed <> NEW.delayed OR OLD.status <> NEW.status
+           OR OLD.error_code IS DISTINCT FROM NEW.error_code
+           OR OLD.pool <> NEW.pool OR OLD.tenant_id <> NEW.tenant_id)
+          AND (runlease_counted_state(OLD.status, OLD.delayed)
+                   IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
+               OR (NEW.status = 'dead' AND OLD.error_code IS DISTINCT FROM NEW.error_code)
+               OR OLD.pool IS DISTINCT FROM NEW.pool
+               OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id))
     EXECUTE FUNCTION runlease_count_change();
+
+-- input_json and budget_json are objects. Not CHECK constraints: every UPDATE
+-- re-checks every CHECK, and jsonb_typeof detoasts the whole input (a
+-- conversation, often compressed or out of line) at each heartbeat. The same
+-- rule, checked when the value is written; the error is the one a CHECK
+-- raises (check_violation, the constraint's name).
+CREATE FUNCTION runlease_refuse_non_object() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text := CASE WHEN jsonb_typeof(NEW.input_json) <> 'object'
+                        THEN 'agent_runs_input_is_object'
+                        ELSE 'agent_runs_budget_is_object' END;
+BEGIN
+    RAISE EXCEPTION 'new row for relation "agent_runs" violates check constraint "%"', v_name
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_name, TABLE = 'agent_runs',
+              SCHEMA = TG_TABLE_SCHEMA;
+END;
+$$;
+
+CREATE TRIGGER agent_runs_objects_check
+    BEFORE INSERT OR UPDATE OF input_json, budget_json ON agent_runs
+    FOR EACH ROW
+    WHEN (jsonb_typeof(NEW.input_json) <> 'object' OR jsonb_typeof(NEW.budget_json) <> 'object')
+    EXECUTE FUNCTION runlease_refuse_non_object();
 
 -- Claim up to p_n runs of a pool for one worker: one call, one short
 -- transaction, plans cached by PL/pgSQL.
