@@ -478,18 +478,17 @@ CREATE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION runlease_count_rows();
 
--- The columns are compared first, so an update that changes none of them (a
--- heartbeat, a usage write) evaluates five comparisons and no counted state.
-CREATE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
+-- Only for an update that sets a column a count depends on: an update that
+-- sets none of them (a heartbeat, a usage write) is passed over by its column
+-- list alone, without reading the row for the WHEN.
+CREATE TRIGGER agent_runs_count_update
+    AFTER UPDATE OF status, delayed, error_code, pool, tenant_id ON agent_runs
     FOR EACH ROW
-    WHEN ((OLD.delayed <> NEW.delayed OR OLD.status <> NEW.status
-           OR OLD.error_code IS DISTINCT FROM NEW.error_code
-           OR OLD.pool <> NEW.pool OR OLD.tenant_id <> NEW.tenant_id)
-          AND (runlease_counted_state(OLD.status, OLD.delayed)
-                   IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
-               OR (NEW.status = 'dead' AND OLD.error_code IS DISTINCT FROM NEW.error_code)
-               OR OLD.pool IS DISTINCT FROM NEW.pool
-               OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id))
+    WHEN (runlease_counted_state(OLD.status, OLD.delayed)
+              IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
+          OR (NEW.status = 'dead' AND OLD.error_code IS DISTINCT FROM NEW.error_code)
+          OR OLD.pool IS DISTINCT FROM NEW.pool
+          OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id)
     EXECUTE FUNCTION runlease_count_change();
 
 -- input_json and budget_json are objects. Not CHECK constraints: every UPDATE
@@ -510,8 +509,15 @@ BEGIN
 END;
 $$;
 
-CREATE TRIGGER agent_runs_objects_check
-    BEFORE INSERT OR UPDATE OF input_json, budget_json ON agent_runs
+CREATE TRIGGER agent_runs_objects_check_insert BEFORE INSERT ON agent_runs
+    FOR EACH ROW
+    WHEN (jsonb_typeof(NEW.input_json) <> 'object' OR jsonb_typeof(NEW.budget_json) <> 'object')
+    EXECUTE FUNCTION runlease_refuse_non_object();
+
+-- AFTER, not BEFORE: a BEFORE UPDATE trigger, even one for other columns,
+-- locks and re-reads every updated row before looking at its column list.
+CREATE TRIGGER agent_runs_objects_check_update
+    AFTER UPDATE OF input_json, budget_json ON agent_runs
     FOR EACH ROW
     WHEN (jsonb_typeof(NEW.input_json) <> 'object' OR jsonb_typeof(NEW.budget_json) <> 'object')
     EXECUTE FUNCTION runlease_refuse_non_object();
