@@ -224,7 +224,7 @@ async def test_heartbeats_of_a_claimed_batch_stay_on_their_pages(
     # fill whole pages; a heartbeat renews all of them in one statement. A
     # new version stays on its page (a HOT update, no index entry) only if
     # the page has room for a second version of each of its rows: with
-    # fillfactor 70, half of the first heartbeat's renewals moved to other
+    # fillfactor 70, 291 of the first heartbeat's 1,000 renewals moved to other
     # pages and inserted into three indexes each, the cost per lease of a
     # large heartbeat several times that of a small one.
     store = live_store
