@@ -238,7 +238,8 @@ async def test_heartbeats_of_a_claimed_batch_stay_on_their_pages(
         for beat in range(3):
             before = blocks(db_url, "w")
             result = await store.heartbeat("w", pairs, lease_s=30, conn=conn)
-            assert len(result.held) == 1000 and not result.lost
+            assert len(result.held) == 1000
+            assert not result.lost
             after = blocks(db_url, "w")
             moved = sum(1 for run_id, block in before.items() if after[run_id] != block)
             assert moved <= 10, f"heartbeat {beat}: {moved} of 1,000 renewals left their page"
