@@ -109,15 +109,11 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER agent_runs_objects_check_insert BEFORE INSERT ON agent_runs
-    FOR EACH ROW
-    WHEN (jsonb_typeof(NEW.input_json) <> 'object' OR jsonb_typeof(NEW.budget_json) <> 'object')
-    EXECUTE FUNCTION runlease_refuse_non_object();
-
 -- AFTER, not BEFORE: a BEFORE UPDATE trigger, even one for other columns,
--- locks and re-reads every updated row before looking at its column list.
-CREATE OR REPLACE TRIGGER agent_runs_objects_check_update
-    AFTER UPDATE OF input_json, budget_json ON agent_runs
+-- locks and re-reads every updated row before looking at its column list
+-- (and a BEFORE INSERT row trigger would turn off COPY's batched inserts).
+CREATE OR REPLACE TRIGGER agent_runs_objects_check
+    AFTER INSERT OR UPDATE OF input_json, budget_json ON agent_runs
     FOR EACH ROW
     WHEN (jsonb_typeof(NEW.input_json) <> 'object' OR jsonb_typeof(NEW.budget_json) <> 'object')
     EXECUTE FUNCTION runlease_refuse_non_object();

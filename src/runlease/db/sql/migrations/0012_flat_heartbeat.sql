@@ -11,7 +11,7 @@ ALTER TABLE agent_runs SET (fillfactor = 50);
 -- Every UPDATE re-checks every CHECK constraint, and jsonb_typeof detoasts
 -- the whole input (a conversation, often compressed or out of line) at each
 -- heartbeat. The same rule, checked only when the value is written: the
--- triggers agent_runs_objects_check_* (functions.sql), made in the same
+-- trigger agent_runs_objects_check (functions.sql), made in the same
 -- transaction as this migration.
 ALTER TABLE agent_runs
     DROP CONSTRAINT agent_runs_input_is_object,
