@@ -254,7 +254,8 @@ def heartbeat_curve(db: str, held: list[Any], plan_mode: str) -> dict[int, float
                 break
             curve[n] = timed(conn, "run_heartbeat", {
                 "worker": "hb-0", "ids": held[:n], "epochs": [1] * n, "lease_s": 3600,
-                "now": None, "pool": "work", "version": "bench", "concurrency": n},
+                "now": None, "pool": "work", "version": "bench", "concurrency": n,
+                "stale_writes": 0},
                 reps=7, commit=True)
     return curve
 

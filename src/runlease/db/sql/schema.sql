@@ -120,6 +120,12 @@ CREATE TABLE agent_runs (
     -- and delayed with available_at far ahead, holding no worker slot, until
     -- the reaper's leader finds its children finished and makes it due.
     awaiting_children   boolean     NOT NULL DEFAULT false,
+    -- Who held each lease: the claim appends {worker, attempt, at, seq} (seq:
+    -- the run's event_seq then, so the event that ended the attempt is the
+    -- first attempt-ending run.* event after it). The last 16 claims only;
+    -- the console's attempts history reads it. Written by the claim's own
+    -- UPDATE (no statement added), never indexed.
+    holders             jsonb       NOT NULL DEFAULT '[]'::jsonb,
     CONSTRAINT agent_runs_finished_iff_terminal
         CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
     CONSTRAINT agent_runs_lease_iff_leased
@@ -385,8 +391,25 @@ CREATE TABLE agent_run_workers (
     runs_held    integer     NOT NULL DEFAULT 0 CHECK (runs_held >= 0),
     started_at   timestamptz NOT NULL,
     heartbeat_at timestamptz NOT NULL,
-    expires_at   timestamptz NOT NULL
+    expires_at   timestamptz NOT NULL,
+    -- Fenced writes of this worker that matched no row (its lease was gone)
+    -- and that the reaper's leader has not yet moved into
+    -- agent_run_pool_health: the heartbeat adds what the worker saw since
+    -- its last beat.
+    stale_writes bigint      NOT NULL DEFAULT 0 CHECK (stale_writes >= 0)
 ) WITH (fillfactor = 50);
+
+-- Lease health per pool and minute, for the console's pools page (the last
+-- hour): expired leases, counted by the reap statement itself, and stale
+-- writes, folded in from the workers' registry rows. Both by the reaper's
+-- leader, which also deletes minutes older than a day: a small table.
+CREATE TABLE agent_run_pool_health (
+    pool           text        NOT NULL,
+    minute         timestamptz NOT NULL,
+    lease_expiries bigint      NOT NULL DEFAULT 0,
+    stale_writes   bigint      NOT NULL DEFAULT 0,
+    PRIMARY KEY (pool, minute)
+);
 
 -- Queue counts kept as they change (runlease.db.stats): the operator's
 -- autoscaler and the console read them every few seconds, and counting a
@@ -396,10 +419,15 @@ CREATE TABLE agent_run_workers (
 -- agent_runs_leased_idx (bounded by what is in flight). A change appends a
 -- delta row (insert-only: no row every writer updates); the reaper's leader
 -- folds the deltas into agent_run_counts every pass; a read sums both.
+-- Cancelled runs are counted too (a cancel is never on the hot path), and
+-- 'total' counts every run (by the statement-level insert and delete
+-- triggers only): done runs are the total less every other status, so an
+-- ack, the hot path, fires no trigger.
 CREATE TABLE agent_run_counts (
     pool       text   NOT NULL,
     tenant_id  text   NOT NULL,
-    state      text   NOT NULL CHECK (state IN ('pending', 'delayed', 'dead')),
+    state      text   NOT NULL
+                      CHECK (state IN ('pending', 'delayed', 'dead', 'cancelled', 'total')),
     -- '' unless dead.
     error_code text   NOT NULL DEFAULT '',
     n          bigint NOT NULL,
@@ -414,11 +442,11 @@ CREATE TABLE agent_run_count_deltas (
     n          bigint NOT NULL
 ) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
 
--- The counted state of a run ('' when it is in none: leased, done, cancelled).
+-- The counted state of a run ('' when it is in none: leased, done).
 CREATE FUNCTION runlease_counted_state(p_status text, p_delayed boolean) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
-            WHEN p_status IN ('pending', 'dead') THEN p_status
+            WHEN p_status IN ('pending', 'dead', 'cancelled') THEN p_status
             ELSE '' END;
 
 -- Inserts and deletes: one statement-level trigger each, one delta row per
@@ -429,21 +457,26 @@ RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
 CREATE FUNCTION runlease_count_rows() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- Each run twice: in its counted state (if any) and in 'total'.
     IF TG_OP = 'INSERT' THEN
         INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
-        SELECT r.pool, r.tenant_id, runlease_counted_state(r.status, r.delayed),
-               CASE WHEN r.status = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
+        SELECT r.pool, r.tenant_id, s.state,
+               CASE WHEN s.state = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
                count(*)
           FROM new_rows r
-         WHERE runlease_counted_state(r.status, r.delayed) <> ''
+         CROSS JOIN LATERAL (VALUES (runlease_counted_state(r.status, r.delayed)),
+                                    ('total')) AS s (state)
+         WHERE s.state <> ''
          GROUP BY 1, 2, 3, 4;
     ELSE
         INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
-        SELECT r.pool, r.tenant_id, runlease_counted_state(r.status, r.delayed),
-               CASE WHEN r.status = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
+        SELECT r.pool, r.tenant_id, s.state,
+               CASE WHEN s.state = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
                -count(*)
           FROM old_rows r
-         WHERE runlease_counted_state(r.status, r.delayed) <> ''
+         CROSS JOIN LATERAL (VALUES (runlease_counted_state(r.status, r.delayed)),
+                                    ('total')) AS s (state)
+         WHERE s.state <> ''
          GROUP BY 1, 2, 3, 4;
     END IF;
     RETURN NULL;
@@ -853,7 +886,11 @@ BEGIN
     UPDATE agent_runs r
        SET status = 'leased', locked_by = p_worker, locked_until = v_now
            + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
-           attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
+           attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now,
+           holders = (CASE WHEN jsonb_array_length(r.holders) >= 16 THEN r.holders - 0
+                           ELSE r.holders END)
+                     || jsonb_build_object('worker', p_worker, 'attempt', r.attempts + 1,
+                                           'at', v_now, 'seq', r.event_seq)
       FROM chosen
      WHERE r.id = chosen.id
     RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
