@@ -21,6 +21,7 @@ from runlease import __version__, logs
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate as apply_migrations
 from runlease.db.migrate import pending
+from runlease.db.pooler import check_behind_pooler
 from runlease.errors import RunleaseError, SettingsError
 from runlease.settings import (
     ApiSettings,
@@ -152,6 +153,11 @@ def api(**options: object) -> None:
     from runlease.api.server import ApiServer, bind_socket, run_forever
 
     settings = load(ApiSettings, options)
+    if settings.database_url:
+        # As a worker does: behind a transaction pooler, prepared statements
+        # would fail at random as 500s; refuse in one line instead.
+        asyncio.run(check_behind_pooler(settings.database_url,
+                                        prepared=settings.prepared_statements, listen=False))
     app = create_app(settings)
     # Bound before anything starts: a busy port is one line, not a traceback.
     server = ApiServer(app, settings.host, settings.port,
