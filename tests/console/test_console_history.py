@@ -8,7 +8,6 @@ import re
 from collections.abc import AsyncIterator
 from uuid import UUID
 
-import httpx
 import pytest
 
 from runlease.api.console.attempts import attempts
@@ -61,16 +60,23 @@ async def test_a_run_reaped_from_one_worker_and_finished_by_another_shows_both(
         assert page.status_code == 200
         rows = attempt_rows(page.text)
         assert len(rows) == 2
-        assert WORKER_A in rows[0] and "lease expired" in rows[0] and "lease_expired" in rows[0]
-        assert WORKER_B in rows[1] and "done" in rows[1]
-        assert rows[0].startswith("1 ") and rows[1].startswith("2 ")  # the attempt numbers
+        assert WORKER_A in rows[0]
+        assert "lease expired" in rows[0]
+        assert "lease_expired" in rows[0]
+        assert WORKER_B in rows[1]
+        assert "done" in rows[1]
+        assert rows[0].startswith("1 ")
+        assert rows[1].startswith("2 ")
     async with signed_in(ui, "acme") as tenant:
         page = await tenant.get(f"/ui/runs/{run.id}")
         rows = attempt_rows(page.text)
         # The tenant sees its run's attempts and how they ended, not the
         # fleet's worker identities (as the API shows the lease to admins only).
-        assert len(rows) == 2 and "lease expired" in rows[0] and "done" in rows[1]
-        assert WORKER_A not in page.text and WORKER_B not in page.text
+        assert len(rows) == 2
+        assert "lease expired" in rows[0]
+        assert "done" in rows[1]
+        assert WORKER_A not in page.text
+        assert WORKER_B not in page.text
         assert (await tenant.get(f"/ui/runs/{theirs.id}")).status_code == 404
         assert (await tenant.get(f"/ui/runs/{theirs.id}/summary")).status_code == 404
 
@@ -90,7 +96,8 @@ async def test_attempts_match_their_endings_by_seq(store: RunStore, clock: Manua
     assert [(a.worker, a.attempt, a.outcome) for a in history] == [
         (WORKER_A, 1, "failed, retried"), (WORKER_B, 2, "running")]
     assert history[0].error_code == "rate_limited"
-    assert history[0].started is not None and history[0].ended is not None
+    assert history[0].started is not None
+    assert history[0].ended is not None
     assert history[1].ended is None
 
 
@@ -120,7 +127,8 @@ async def test_pools_page_shows_last_hour_expiries_and_stale_writes(
         assert re.search(r'class="expiries">1<', section)
         assert re.search(r'class="stale-writes">1<', section)
         live = await admin.get("/ui/pools/health/stats", headers={"HX-Request": "true"})
-        assert 'class="expiries">1<' in live.text and 'class="stale-writes">1<' in live.text
+        assert 'class="expiries">1<' in live.text
+        assert 'class="stale-writes">1<' in live.text
     # An hour and more later, the last hour holds none of it.
     clock.advance(2 * 3600)
     assert await store.pool_health(3600, "health") == {}

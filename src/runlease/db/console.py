@@ -13,7 +13,6 @@ from runlease.db.executor import Conn, Executor
 from runlease.db.models import Event, Run
 
 MAX_LIFECYCLE = 200
-PENDING_STATES = ("pending", "delayed")
 SHOWN = ("pending", "leased", "done", "dead", "cancelled")
 
 
