@@ -36,6 +36,10 @@ ALTER TABLE agent_run_counts DROP CONSTRAINT agent_run_counts_state_check;
 ALTER TABLE agent_run_counts ADD CONSTRAINT agent_run_counts_state_check
     CHECK (state IN ('pending', 'delayed', 'dead', 'cancelled', 'total'));
 
+-- A tenant's counts in every pool (the console's runs page, polled): the key
+-- leads with the pool. Only the leader's fold writes this table.
+CREATE INDEX agent_run_counts_tenant_idx ON agent_run_counts (tenant_id);
+
 -- The runs already there (the counted state spelled out: a migration calls no function).
 INSERT INTO agent_run_counts (pool, tenant_id, state, error_code, n)
 SELECT r.pool, r.tenant_id, s.state, '', count(*)
