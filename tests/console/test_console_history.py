@@ -118,17 +118,26 @@ async def test_pools_page_shows_last_hour_expiries_and_stale_writes(
                           registry=Registration(WORKER_A, "health", 1))
     assert await store.fold_stale_writes() == 1
     assert await store.fold_stale_writes() == 0  # moved once
+    # Another, reported by a heartbeat that renews a lease (run_heartbeat).
+    await store.enqueue("health", "acme", {"task": "held"})
+    (held,) = await store.claim("health", WORKER_A, 1, lease_s=30)
+    with pytest.raises(LeaseLost):
+        await store.ack(lease)
+    renewed = await store.heartbeat(WORKER_A, [(held.run_id, held.epoch)], lease_s=30,
+                                    registry=Registration(WORKER_A, "health", 1))
+    assert held.run_id in renewed.held
+    assert await store.fold_stale_writes() == 1
     health = (await store.pool_health(3600, "health"))["health"]
-    assert (health.lease_expiries, health.stale_writes) == (1, 1)
+    assert (health.lease_expiries, health.stale_writes) == (1, 2)
     async with signed_in(ui, "admin") as admin:
         page = await admin.get("/ui/pools")
         section = page.text[page.text.index('id="pool-'):]
         section = section[section.index(">health"):]
         assert re.search(r'class="expiries">1<', section)
-        assert re.search(r'class="stale-writes">1<', section)
+        assert re.search(r'class="stale-writes">2<', section)
         live = await admin.get("/ui/pools/health/stats", headers={"HX-Request": "true"})
         assert 'class="expiries">1<' in live.text
-        assert 'class="stale-writes">1<' in live.text
+        assert 'class="stale-writes">2<' in live.text
     # An hour and more later, the last hour holds none of it.
     clock.advance(2 * 3600)
     assert await store.pool_health(3600, "health") == {}
