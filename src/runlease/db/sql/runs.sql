@@ -474,6 +474,7 @@ WITH RECURSIVE clock AS (
     SELECT upd.pool, date_trunc('minute', clock.ts), count(*)
       FROM upd, clock
      GROUP BY 1, 2
+     ORDER BY 1  -- one lock order, should two leaders overlap
         ON CONFLICT (pool, minute)
         DO UPDATE SET lease_expiries = h.lease_expiries + excluded.lease_expiries
 ), notify AS (

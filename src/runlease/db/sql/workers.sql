@@ -65,6 +65,7 @@ WITH gone AS (
       FROM gone g
      WHERE g.stale_writes > 0
      GROUP BY 1, 2
+     ORDER BY 1  -- one lock order, should two leaders overlap
         ON CONFLICT (pool, minute)
         DO UPDATE SET stale_writes = h.stale_writes + excluded.stale_writes
 )
@@ -90,6 +91,7 @@ WITH seen AS (
            sum(seen.stale_writes)
       FROM seen
      GROUP BY 1, 2
+     ORDER BY 1  -- one lock order, should two leaders overlap
         ON CONFLICT (pool, minute)
         DO UPDATE SET stale_writes = h.stale_writes + excluded.stale_writes
 )
