@@ -9,11 +9,7 @@
 SELECT r.id, r.pool, r.tenant_id,
        (SELECT count(*) FROM agent_runs c WHERE c.parent_run_id = r.id) AS children
   FROM agent_runs r
- WHERE r.id = %(id)s
-   AND r.lease_epoch = %(epoch)s
-   AND r.locked_by = %(worker)s
-   AND (r.status = 'leased') IS TRUE
-   AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+ WHERE {{lease_held}}
    FOR SHARE;
 
 
@@ -81,11 +77,7 @@ WITH clock AS (
            locked_by = NULL, locked_until = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock, open
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.status, r.event_seq, r.awaiting_children
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)

@@ -11,11 +11,7 @@ WITH clock AS (
 ), upd AS (
     UPDATE agent_runs r
        SET event_seq = r.event_seq + cardinality(%(kinds)s::text[])
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+     WHERE {{lease_held}}
     RETURNING r.id, r.event_seq
 ), ins AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)

@@ -6,6 +6,7 @@
 -- and need the lease unexpired by the database clock: a write that arrives
 -- late (a statement stuck on a cut network, a worker whose loop stalled)
 -- never lands on an expired lease, reaped yet or not.
+-- A single run's fence is written once, as the part {{lease_held}} (lease_fence.sql).
 -- The status test is written `(r.status = 'leased') IS TRUE` (the same for a
 -- NOT NULL column): the planner cannot prove from it the predicate of
 -- agent_runs_leased_idx, so it cannot choose that index. Statistics taken
@@ -239,11 +240,7 @@ WITH clock AS (
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.status, r.attempts, r.max_attempts, r.available_at, r.event_seq,
               r.error_code, r.error_message
 ), ev AS (
@@ -274,11 +271,7 @@ WITH clock AS (
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.status, r.attempts, r.event_seq, r.error_code, r.error_message
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -371,11 +364,7 @@ WITH clock AS (
        SET status = 'cancelled', finished_at = clock.ts, locked_by = NULL, locked_until = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
        AND r.cancel_requested_at IS NOT NULL
     RETURNING r.id, r.pool, r.event_seq, r.attempts, r.cancel_requested_at
 ), ev AS (

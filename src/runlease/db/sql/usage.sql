@@ -17,11 +17,7 @@ WITH clock AS (
            turns_used = greatest(r.turns_used, %(turns)s::integer),
            tool_calls_used = greatest(r.tool_calls_used, %(tool_calls)s::integer)
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.tenant_id, r.input_tokens, r.output_tokens, r.cost,
               r.turns_used, r.tool_calls_used
 ), log AS (
