@@ -42,7 +42,7 @@ def test_a_part_is_filled_into_the_statements_that_use_it() -> None:
 
 
 def test_every_single_run_worker_write_carries_the_whole_lease_fence() -> None:
-    # The fence is written once (lease_fence.sql); each fenced statement must
+    # The fence is written once (parts.sql); each fenced statement must
     # still say all of it in its own WHERE, filled in, nothing left to fill.
     for name in ("run_nack", "run_fail", "run_finalize_cancel", "run_wait_children",
                  "run_usage_record", "run_step_record", "run_event_record",

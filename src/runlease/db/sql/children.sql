@@ -57,9 +57,7 @@ SELECT * FROM agent_runs
 -- while any child is unfinished, so it holds no worker slot and the claim's
 -- promotion never reads it; due at once if none is (a child finished
 -- meanwhile); cancelled if its cancel was requested.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), open AS (
+WITH {{clock}}, open AS (
     SELECT EXISTS (SELECT 1 FROM agent_runs c
                     WHERE c.parent_run_id = %(id)s
                       AND c.status IN ('pending', 'leased')) AS waiting
@@ -82,8 +80,8 @@ WITH clock AS (
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
     SELECT upd.id, upd.event_seq,
-           CASE upd.status WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.waiting' END,
-           '{}'::jsonb, clock.ts
+           CASE upd.status WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.waiting' END, '{}'::jsonb,
+           clock.ts
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s,
@@ -95,9 +93,7 @@ SELECT upd.id, upd.status, upd.awaiting_children FROM upd CROSS JOIN notify;
 -- name: run_children_wake
 -- Parents whose children have all finished become due (the next claim
 -- promotes them), a bounded batch; run by the reaper's leader.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), due AS (
+WITH {{clock}}, due AS (
     SELECT w.id FROM agent_runs w
      WHERE w.awaiting_children AND w.status = 'pending'
        AND NOT EXISTS (SELECT 1 FROM agent_runs c

@@ -6,9 +6,7 @@
 -- bumped in the same statement: that row lock orders concurrent writers, so
 -- seq values become visible in order and a reader resuming after seq N never
 -- misses one. NOTIFY carries ids only: "<run id>:<last seq>".
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET event_seq = r.event_seq + cardinality(%(kinds)s::text[])
      WHERE {{lease_held}}

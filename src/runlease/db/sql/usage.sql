@@ -6,9 +6,7 @@
 -- Add to a run's usage, fenced by its lease like every worker write, and log
 -- tokens and cost (the tenant's token rate, the daily rollup). The columns
 -- are in no index, so the update stays HOT. No row: the lease is gone.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET input_tokens = r.input_tokens + %(input_tokens)s::bigint,
            output_tokens = r.output_tokens + %(output_tokens)s::bigint,
