@@ -31,6 +31,17 @@ def filter_options(command: F) -> F:
                         help="Only runs in this status (repeatable).")(wrapped)
 
 
+def _bulk(api_url: str, token: str, as_json: bool, action: str, run_ids: tuple[str, ...],
+          statuses: tuple[str, ...], pool: str | None, labels: tuple[str, ...],
+          tenant_id: str | None, dry_run: bool) -> None:
+    """Send the bulk action (cancel or redrive) and print what it did."""
+    with client(api_url, token) as api:
+        send = api.bulk_cancel if action == "cancel" else api.bulk_redrive
+        result = send(list(run_ids) or None, status=statuses or None, pool=pool,
+                      tenant_id=tenant_id, label=labels, dry_run=dry_run)
+    _print_bulk(result, as_json)
+
+
 def _print_bulk(result: BulkView, as_json: bool) -> None:
     if as_json:
         emit_json(result)
@@ -71,10 +82,8 @@ def cancel(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
             state = "cancel requested" if run.status == "leased" else run.status
             out(f"{run.id}: {state}")
         return
-    with client(api_url, token) as api:
-        result = api.bulk_cancel(list(run_ids) or None, status=statuses or None, pool=pool,
-                                 tenant_id=tenant_id, label=labels, dry_run=dry_run)
-    _print_bulk(result, as_json)
+    _bulk(api_url, token, as_json, "cancel", run_ids, statuses, pool, labels, tenant_id,
+          dry_run)
 
 
 @runs.command("redrive")
@@ -87,10 +96,8 @@ def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
     """Send dead runs back to the queue, attempts reset: by ids, or every
     dead run matching --pool/--label (and, for admins, --tenant)."""
     _by_filter(run_ids, statuses, pool, tenant_id, dry_run, labels)
-    with client(api_url, token) as api:
-        result = api.bulk_redrive(list(run_ids) or None, status=statuses or None, pool=pool,
-                                  tenant_id=tenant_id, label=labels, dry_run=dry_run)
-    _print_bulk(result, as_json)
+    _bulk(api_url, token, as_json, "redrive", run_ids, statuses, pool, labels, tenant_id,
+          dry_run)
 
 
 @runs.command("reprioritize")
