@@ -1,13 +1,16 @@
 """Behind a real PgBouncer in transaction pooling mode (tests/support/pgbouncer.py):
 workers (LISTEN through the separate direct URL, and polling only) and the API
-run through it with prepared statements off; with them on, a worker refuses
-to start and a statement that fails says what to change; a shortened chaos
+run through it with prepared statements off; with them on, a worker and
+`runlease api` refuse to start and a statement that fails says what to change; a shortened chaos
 run passes through it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -160,6 +163,19 @@ async def test_the_api_with_prepared_statements_through_pgbouncer_fails_clearly(
     assert failed, "expected a PgBouncer without prepared-statement support"
     assert set(failed) == {500}
     assert "--no-prepared-statements" in caplog.text
+
+
+def test_runlease_api_with_prepared_statements_behind_pgbouncer_refuses_to_start(
+        bouncer_url: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLEASE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "runlease", "api", "--database-url", bouncer_url,
+         "--port", "0", "--tokens", "acme=tok-acme-0123456789"],
+        env=env | {"DATABASE_URL": ""}, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "transaction pooled" in done.stderr
+    assert "--no-prepared-statements" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 async def test_the_api_through_pgbouncer_submits_gets_and_streams(

@@ -281,13 +281,17 @@ class Chaos:
                 due = began + spread * i / self.cfg.runs
                 while (now := time.monotonic()) < due:
                     time.sleep(min(0.05, due - now))
+                # Built once: a retry must send the same input under the same key
+                # (run_input draws from the rng; a second draw is another input,
+                # which the server rightly refuses with 409 idempotency_conflict).
+                body = self.run_input(i)
                 while True:  # the same idempotency key: a retry never makes a second run
                     if self._stop.is_set():  # the chaos ended early (a failure)
                         return
                     self._quiet()
                     t0 = time.monotonic()
                     try:
-                        run = client.submit(self.run_input(i), max_attempts=self.cfg.max_attempts,
+                        run = client.submit(body, max_attempts=self.cfg.max_attempts,
                                             idempotency_key=f"chaos-{i}")
                     except (ApiError, httpx.HTTPError) as exc:
                         self._record("submit", t0, f"{type(exc).__name__}: {exc}")

@@ -21,6 +21,7 @@ from runlease import __version__, logs
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate as apply_migrations
 from runlease.db.migrate import pending
+from runlease.db.pooler import check_behind_pooler
 from runlease.errors import RunleaseError, SettingsError
 from runlease.settings import (
     ApiSettings,
@@ -82,7 +83,7 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
         if check:
             missing = pending(url)
             for m in missing:
-                click.echo(f"pending: {m.version:04d}_{m.name}")
+                click.echo(f"pending: {m.file}")
             sys.exit(1 if missing else 0)
         applied = apply_migrations(url, report=lambda line: click.echo(line, err=True))
         click.echo(f"schema is current ({len(applied)} migration(s) applied now)")
@@ -152,6 +153,11 @@ def api(**options: object) -> None:
     from runlease.api.server import ApiServer, bind_socket, run_forever
 
     settings = load(ApiSettings, options)
+    if settings.database_url:
+        # As a worker does: behind a transaction pooler, prepared statements
+        # would fail at random as 500s; refuse in one line instead.
+        asyncio.run(check_behind_pooler(settings.database_url,
+                                        prepared=settings.prepared_statements, listen=False))
     app = create_app(settings)
     # Bound before anything starts: a busy port is one line, not a traceback.
     server = ApiServer(app, settings.host, settings.port,

@@ -6,8 +6,8 @@ PgBouncer before 1.21 (and later ones with max_prepared_statements = 0) hands
 a client's next transaction to whichever server connection is free, so a
 statement prepared on one is missing on the next ("prepared statement
 _pg3_0 does not exist") or clashes with another client's of the same name
-("... already exists"). A worker refuses to start in that setup with
-prepared statements on (`check_behind_pooler`), and a statement that
+("... already exists"). A worker (and `runlease api`) refuses to start in that
+setup with prepared statements on (`check_behind_pooler`), and a statement that
 fails that way anyway says what to change (`PREPARED_HINT`).
 """
 
@@ -38,7 +38,7 @@ def prepared_failure(exc: BaseException) -> bool:
     client's of the same name, or (worst) bound to another client's statement
     of that name: the server then refuses the parameters (a protocol violation,
     08P01), or would run the wrong statement if they happened to fit, which is
-    why a worker refuses to start in that setup."""
+    why a worker or the API refuses to start in that setup."""
     if isinstance(exc, pg_errors.InvalidSqlStatementName | pg_errors.DuplicatePreparedStatement):
         return True
     return (isinstance(exc, psycopg.Error) and exc.sqlstate == "08P01"
@@ -77,7 +77,7 @@ async def transaction_pooled(url: str) -> bool:
 
 
 async def check_behind_pooler(url: str, *, prepared: bool, listen: bool) -> None:
-    """At a worker's start: with prepared statements on, a transaction-pooled
+    """At a worker's or the API's start: with prepared statements on, a transaction-pooled
     `url` is a SettingsError; with LISTEN on that URL (no separate listen URL),
     a warning, since its NOTIFYs never arrive and claims fall back to polling.
     A probe that cannot reach the database decides nothing (the statements'

@@ -2,9 +2,9 @@
 
 A file holds statements headed by `-- name: <entity>_<verb>`; the text up to
 the next header is the statement. A `-- part: <name>` header holds a piece of
-SQL that several statements share (the lease fence): a statement says
-`{{name}}` where the part's text goes, so the sent SQL spells it out.
-schema.sql and migrations/ are not statements and are read by `migrate` instead.
+SQL that several statements share (parts.sql): a statement says `{{name}}`
+where the part's text goes, so the sent SQL spells it out. functions.sql and
+migrations/ are not statements and are read by `migrate` instead.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import LiteralString
 
 _HEADER = re.compile(r"^-- (name|part): ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
 _USE = re.compile(r"\{\{([a-z][a-z0-9_]*)\}\}")
-_NOT_STATEMENTS = frozenset({"schema.sql"})
+_NOT_STATEMENTS = frozenset({"functions.sql"})
 
 
 def _sections(text: str, source: str) -> dict[str, dict[str, str]]:
