@@ -106,11 +106,7 @@ class ScheduleOut(BaseModel):
 
     @classmethod
     def of(cls, s: Schedule) -> ScheduleOut:
-        return cls(id=s.id, tenant_id=s.tenant_id, name=s.name, cron=s.cron,
-                   timezone=s.timezone, template=s.template, overlap=s.overlap,
-                   paused=s.paused, next_tick_at=s.next_tick_at, last_tick_at=s.last_tick_at,
-                   last_run_id=s.last_run_id, last_error=s.last_error,
-                   created_at=s.created_at, updated_at=s.updated_at)
+        return cls(**{name: getattr(s, name) for name in cls.model_fields})
 
 
 class SchedulePage(BaseModel):
