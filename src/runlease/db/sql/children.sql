@@ -86,8 +86,8 @@ WITH {{clock}}, open AS (
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s,
                                    array(SELECT upd.pool FROM upd WHERE upd.status = 'pending')) AS n
-)
-SELECT upd.id, upd.status, upd.awaiting_children FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id, upd.status, upd.awaiting_children FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_children_wake
@@ -114,8 +114,8 @@ WITH {{clock}}, due AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-)
-SELECT upd.id FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_descendants_open

@@ -44,8 +44,8 @@ WITH {{clock}}, upd AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
-)
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_bulk_redrive
@@ -67,8 +67,8 @@ WITH {{clock}}, upd AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-)
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_reprioritize
@@ -95,5 +95,5 @@ WITH {{clock}}, was AS (
            jsonb_build_object('from', upd.was_priority, 'to', upd.priority, 'by', %(by)s::text),
            clock.ts
       FROM upd, clock
-)
-SELECT upd.* FROM upd;
+), {{events_notify}}
+SELECT upd.* FROM upd CROSS JOIN events_notify;
