@@ -35,6 +35,7 @@ from runlease.api.errors import error_response
 from runlease.api.fanout import Fanout
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
+from runlease.api.submit_group import SubmitGroups
 from runlease.api.wakeups import PoolWaker
 from runlease.db.channels import EVENTS_CHANNEL
 from runlease.db.connect import make_conn_pool
@@ -172,6 +173,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         await conn_pool.open(wait=False)
         state.store = RunStore(conn_pool, max_input_bytes=settings.max_input_bytes)
         state.waker = PoolWaker(state.store)
+        state.groups = SubmitGroups(state.store)
         # Streams hold two connections in all, however many there are: the
         # LISTEN session and the fan-out's reader (api/fanout.py).
         fanout = Fanout(state.store, url, prepare=settings.prepared_statements,
@@ -194,6 +196,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         finally:
             await listener.stop(2)
             await fanout.stop()
+            await state.groups.close()
             await state.waker.close()
             await conn_pool.close()
 

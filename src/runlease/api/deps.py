@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from runlease.api.auth import Principal, StreamTokens, TokenRegistry
 from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import FeedHub
+from runlease.api.submit_group import SubmitGroups
 from runlease.api.wakeups import PoolWaker
 from runlease.db.store import RunStore
 from runlease.settings import ApiSettings
@@ -27,6 +28,7 @@ class ApiState:
     store: RunStore | None = None
     hub: FeedHub | None = None
     waker: PoolWaker | None = None
+    groups: SubmitGroups | None = None
 
 
 def api_state(request: Request) -> ApiState:
@@ -78,7 +80,14 @@ async def waker(request: Request) -> PoolWaker:
     return w
 
 
+async def groups(request: Request) -> SubmitGroups:
+    g = api_state(request).groups
+    assert g is not None, "the app's lifespan has not started"
+    return g
+
+
 Store = Annotated[RunStore, Depends(store)]
+Groups = Annotated[SubmitGroups, Depends(groups)]
 Waker = Annotated[PoolWaker, Depends(waker)]
 JsonBody = Depends(json_content)
 Who = Annotated[Principal, Depends(principal)]

@@ -207,40 +207,71 @@ class QueueStore(Executor):
         return {**cols, "runs": "[" + ",".join(docs) + "]",
                 "channel_prefix": POOL_CHANNEL_PREFIX}, errors
 
-    async def _results(self, runs: Sequence[NewRun], params: dict[str, Any],
-                       rows: list[Any], c: Conn | None) -> list[EnqueueResult]:
+    async def enqueue_each(self, runs: Sequence[NewRun], *,
+                           conn: Conn) -> list[EnqueueResult | RunleaseError]:
+        """Enqueue runs that are not a batch (concurrent single submits, see
+        api/submit_group.py) in one INSERT on `conn`, in its transaction:
+        each run's own result or error, in the order given, as if each had
+        been enqueued alone. A refused run (invalid, unknown pool, priority
+        outside the band, idempotency conflict) writes nothing and fails no
+        other. Runs name their pool; no two may share an idempotency key."""
+        outcomes: list[EnqueueResult | RunleaseError | None] = [None] * len(runs)
+        if not runs:
+            return []
+        params, errors = self._enqueue_params(runs[0].pool or "", runs)
+        for i, exc in errors:  # the single submit's error, field unprefixed
+            outcomes[i] = ValidationError(exc.field, exc.message)
+        valid = [i for i in range(len(runs)) if outcomes[i] is None]
+        if valid:
+            rows = await self._rows("run_enqueue", params | {"notify": False}, conn)
+            for i, outcome in zip(valid, await self._outcomes(params, rows, conn), strict=True):
+                outcomes[i] = outcome
+        return [o for o in outcomes if o is not None]
+
+    async def _outcomes(self, params: dict[str, Any], rows: list[Any],
+                        c: Conn | None) -> list[EnqueueResult | RunleaseError]:
+        """Each valid run's result, or why the insert returned no row for it."""
         by_key = {(r["pool"], r["tenant_id"], r["idempotency_key"]): r for r in rows}
         by_id = {r["id"]: r for r in rows}
-        results: list[EnqueueResult] = []
-        refused: list[ItemError] = []
-        conflicts: list[IdempotencyConflict] = []
+        outcomes: list[EnqueueResult | RunleaseError] = []
         explain = _Explainer(self, c)
-        for i, (run_id, pool, tenant, key, priority) in enumerate(zip(
+        for run_id, pool, tenant, key, priority in zip(
                 params["ids"], params["pools"], params["tenants"], params["keys"],
-                params["priorities"], strict=True)):
+                params["priorities"], strict=True):
             row = by_id.get(run_id) or (by_key.get((pool, tenant, key)) if key else None)
             if row is not None:
-                results.append(EnqueueResult(Run.from_row(row), bool(row["inserted"])))
+                outcomes.append(EnqueueResult(Run.from_row(row), bool(row["inserted"])))
                 continue
             exc = await explain.why(pool, tenant, key, priority)
             if exc is None:
                 raise RunleaseError(f"enqueue returned no row for run {run_id}")
+            outcomes.append(exc)
+        return outcomes
+
+    async def _results(self, runs: Sequence[NewRun], params: dict[str, Any],
+                       rows: list[Any], c: Conn | None) -> list[EnqueueResult]:
+        results: list[EnqueueResult] = []
+        refused: list[ItemError] = []
+        conflicts: list[IdempotencyConflict] = []
+        for i, outcome in enumerate(await self._outcomes(params, rows, c)):
+            if isinstance(outcome, EnqueueResult):
+                results.append(outcome)
+                continue
             if len(runs) == 1:
-                raise exc  # rolls back
-            if isinstance(exc, IdempotencyConflict):
-                conflicts.append(exc)
+                raise outcome  # rolls back
+            if isinstance(outcome, IdempotencyConflict):
+                conflicts.append(outcome)
                 refused.append(ItemError(i, "idempotency_conflict", "idempotency_key",
-                                         str(exc)))
+                                         str(outcome)))
             else:
-                assert isinstance(exc, ValidationError)
-                code = "unknown_pool" if isinstance(exc, UnknownPool) else "invalid_request"
-                refused.append(ItemError(i, code, exc.field, exc.message))
+                assert isinstance(outcome, ValidationError)
+                code = "unknown_pool" if isinstance(outcome, UnknownPool) else "invalid_request"
+                refused.append(ItemError(i, code, outcome.field, outcome.message))
         if refused:  # rolls the batch back
             if conflicts and len(conflicts) == len(refused):
                 raise BatchConflict(refused, conflicts[0])
             raise BatchRefused(refused)
         return results
-
 
     async def request_cancel(
         self, run_id: UUID, *, tenant_id: str | None = None, strict: bool = False,
