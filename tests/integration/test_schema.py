@@ -1,14 +1,16 @@
-"""The schema itself: migrations produce schema.sql, claim uses its index,
-heartbeats are HOT updates."""
+"""The schema itself: a database migrated by an older runlease upgrades to the
+schema of a fresh one, claim uses its index, heartbeats are HOT updates."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import subprocess
 import time
-from importlib import resources
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -16,7 +18,7 @@ import pytest
 
 from runlease.clock import ManualClock
 from runlease.db.embedded import bin_dir
-from runlease.db.migrate import migrate, migrations, pending
+from runlease.db.migrate import FUNCTIONS_VERSION, functions, migrate, migrations, pending
 from runlease.db.store import NewRun, RunStore
 from runlease.errors import MigrationError
 
@@ -40,29 +42,122 @@ def pools(url: str) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
-def test_migrations_produce_schema_sql(db_url: str, empty_db_url: str) -> None:
-    schema = resources.files("runlease.db").joinpath("sql", "schema.sql").read_text()
-    with psycopg.connect(empty_db_url, autocommit=True) as conn:
-        conn.execute(schema)
-    assert schema_dump(db_url) == schema_dump(empty_db_url)
-    assert pools(db_url) == pools(empty_db_url) == [("default", 3, 45, None, 60, 604800,
-                                                           False, [])]
+# The migrations as a10c050 released them, function bodies and all, before
+# those moved to functions.sql.
+OLD_MIGRATIONS = Path(__file__).resolve().parents[1] / "fixtures" / "migrations_a10c050"
+
+
+def migrate_with_old_files(url: str, upto: int) -> None:
+    """Migrations 1..upto applied and recorded as the runlease of a10c050 did."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE runlease_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        for path in sorted(OLD_MIGRATIONS.glob("*.sql"))[:upto]:
+            sql = path.read_text(encoding="utf-8")
+            with conn.transaction():
+                conn.execute(sql)
+                conn.execute(
+                    "INSERT INTO runlease_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                    (int(path.name[:4]), path.stem[5:], hashlib.sha256(sql.encode()).hexdigest()))
+
+
+def counts(url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT pool, tenant_id, state, error_code, sum(n)::int FROM"
+            " (SELECT pool, tenant_id, state, error_code, n FROM agent_run_counts"
+            "  UNION ALL SELECT pool, tenant_id, state, error_code, n"
+            "  FROM agent_run_count_deltas) c"
+            " GROUP BY 1, 2, 3, 4 HAVING sum(n) <> 0 ORDER BY 1, 2, 3, 4").fetchall()
+
+
+def test_a_fresh_database_has_the_default_pool(db_url: str) -> None:
+    assert pools(db_url) == [("default", 3, 45, None, 60, 604800, False, [])]
+
+
+@pytest.mark.parametrize("upto", [11, 6, 3])
+def test_a_database_migrated_by_a10c050_upgrades_to_the_fresh_schema(
+    db_url: str, empty_db_url: str, upto: int
+) -> None:
+    assert len(list(OLD_MIGRATIONS.glob("*.sql"))) == 11
+    migrate_with_old_files(empty_db_url, upto)
+    if upto == 6:
+        # Runs waiting before 0008 are counted by 0008 and, after it, by
+        # the triggers of functions.sql.
+        with psycopg.connect(empty_db_url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO agent_runs (id, tenant_id, input_json, delayed, available_at)"
+                " SELECT gen_random_uuid(), 'acme', '{}', g > 2, now() + g * interval '1 h'"
+                "   FROM generate_series(1, 5) g")
+    applied = migrate(empty_db_url)
+    assert [m.version for m in applied] == list(range(upto + 1, len(migrations()) + 1))
+    assert schema_dump(empty_db_url) == schema_dump(db_url)
+    assert pools(empty_db_url) == pools(db_url)
+    assert migrate(empty_db_url) == []
+    assert pending(empty_db_url) == []
+    if upto == 6:
+        assert counts(empty_db_url) == [("default", "acme", "delayed", "", 3),
+                                        ("default", "acme", "pending", "", 2)]
+        with psycopg.connect(empty_db_url, autocommit=True) as conn:
+            conn.execute("INSERT INTO agent_runs (id, tenant_id, input_json)"
+                         " VALUES (gen_random_uuid(), 'acme', '{}')")
+        assert counts(empty_db_url) == [("default", "acme", "delayed", "", 3),
+                                        ("default", "acme", "pending", "", 3)]
+
+
+def test_a_changed_functions_file_is_applied_again(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("DROP FUNCTION runlease_notify_events(uuid[], bigint[])")
+        conn.execute("UPDATE runlease_migrations SET checksum = 'before' WHERE version = %s",
+                      (FUNCTIONS_VERSION,))
+    assert pending(db_url) == [functions()]
+    assert migrate(db_url) == []
+    assert pending(db_url) == []
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT runlease_notify_events('{}', '{}')").fetchone()
+    assert row == (0,)
+
+
+def test_migrate_check_lists_what_is_pending(empty_db_url: str) -> None:
+    from click.testing import CliRunner
+
+    from runlease.cli.server import main
+
+    def check() -> tuple[int, list[str]]:
+        result = CliRunner().invoke(main, ["migrate", "--check", "--database-url", empty_db_url])
+        return result.exit_code, result.output.splitlines()
+
+    code, lines = check()
+    assert code == 1
+    assert lines == [f"pending: {m.file}" for m in [*migrations(), functions()]]
+    assert lines[0] == "pending: migrations/0001_initial.sql"
+    assert lines[-1] == "pending: functions.sql"
+    migrate(empty_db_url)
+    assert check() == (0, [])
+
+
+def test_a_start_with_nothing_to_apply_takes_no_table_lock(db_url: str) -> None:
+    with psycopg.connect(db_url) as holder, ThreadPoolExecutor(1) as pool:
+        holder.execute("LOCK TABLE agent_runs IN ACCESS EXCLUSIVE MODE")
+        # Would wait for the holder (forever) if it took any lock on agent_runs.
+        assert pool.submit(migrate, db_url).result(timeout=120) == []
+        holder.rollback()
 
 
 def test_migrate_is_idempotent_and_records_what_it_applied(empty_db_url: str) -> None:
-    assert [m.version for m in pending(empty_db_url)] == [m.version for m in migrations()]
+    assert pending(empty_db_url) == [*migrations(), functions()]
     applied = migrate(empty_db_url)
     assert [m.version for m in applied] == [m.version for m in migrations()]
     assert migrate(empty_db_url) == []
     assert pending(empty_db_url) == []
     with psycopg.connect(empty_db_url) as conn:
-        rows = conn.execute("SELECT version, name, checksum FROM runlease_migrations").fetchall()
-    assert rows == [(m.version, m.name, m.checksum) for m in migrations()]
+        rows = conn.execute("SELECT version, name, checksum FROM runlease_migrations"
+                            " ORDER BY version").fetchall()
+    assert rows == [(m.version, m.name, m.checksum) for m in [functions(), *migrations()]]
 
 
 def test_concurrent_migrators_apply_each_migration_once(empty_db_url: str) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(6) as pool:
         results = list(pool.map(lambda _: migrate(empty_db_url), range(6)))
     assert sorted(len(r) for r in results) == [0] * 5 + [len(migrations())]

@@ -83,7 +83,7 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
         if check:
             missing = pending(url)
             for m in missing:
-                click.echo(f"pending: {m.version:04d}_{m.name}")
+                click.echo(f"pending: {m.file}")
             sys.exit(1 if missing else 0)
         applied = apply_migrations(url, report=lambda line: click.echo(line, err=True))
         click.echo(f"schema is current ({len(applied)} migration(s) applied now)")

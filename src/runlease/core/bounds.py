@@ -33,7 +33,7 @@ POOL_MAX_CHARS = 48
 
 # Pool names become part of a NOTIFY channel name (63 bytes at most) and follow
 # Kubernetes naming, since a pool is usually an AgentRunPool's metadata.name.
-# The one definition: the API, the CRD and schema.sql's CHECK use it too
+# The one definition: the API, the CRD and agent_run_pools' CHECK use it too
 # (tests/unit/test_constants.py checks that the last two agree).
 POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
 _POOL_RE = re.compile(POOL_PATTERN)

@@ -1,6 +1,6 @@
 """A new pool's defaults, said once.
 
-schema.sql's column DEFAULTs and the CRD's defaults say them again in their
+The migrations' column DEFAULTs and the CRD's defaults say them again in their
 own languages; tests/unit/test_constants.py keeps them equal to these.
 """
 

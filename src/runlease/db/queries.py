@@ -1,7 +1,7 @@
 """Named SQL statements, loaded once from `sql/*.sql`.
 
 A file holds statements headed by `-- name: <entity>_<verb>`; the text up to
-the next header is the statement. schema.sql and migrations/ are not
+the next header is the statement. functions.sql and migrations/ are not
 statements and are read by `migrate` instead.
 """
 
@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import LiteralString
 
 _HEADER = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
-_NOT_STATEMENTS = frozenset({"schema.sql"})
+_NOT_STATEMENTS = frozenset({"functions.sql"})
 
 
 def parse(text: str, source: str) -> dict[str, str]:

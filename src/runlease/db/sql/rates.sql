@@ -1,5 +1,5 @@
 -- Tenant rates: the submit rate (checked by the API before an enqueue; the
--- token rate is checked inside runlease_claim, schema.sql).
+-- token rate is checked inside runlease_claim, functions.sql).
 
 
 -- name: tenant_submit_lock

@@ -112,7 +112,7 @@ SELECT * FROM agent_runs
 
 
 -- name: run_claim
--- The logic lives in runlease_claim() (schema.sql): the tenant-limit path
+-- The logic lives in runlease_claim() (functions.sql): the tenant-limit path
 -- needs a fresh snapshot after taking its locks, which one statement cannot
 -- have. Only what a worker needs comes back, JSON as text: parsing each
 -- claimed row is the worker's hot path (see RunStore.claim).

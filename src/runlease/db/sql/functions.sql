@@ -1,421 +1,22 @@
--- The runlease schema: this file is the truth.
+-- The current definition of every runlease function and trigger.
 --
--- The numbered files in migrations/ must produce exactly this schema;
--- tests/integration/test_migrations.py applies both to empty databases and
--- compares pg_dump's output. docs/schema.md explains the choices below.
-
--- Pools: named partitions of the queue and their defaults. Enqueue, claim, the
--- API and the operator all read this table, so `default` always exists.
-CREATE TABLE agent_run_pools (
-    name                  text        PRIMARY KEY
-                                      CHECK (name ~ '^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$'),
-    max_attempts          integer     NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 100),
-    lease_s               integer     NOT NULL DEFAULT 45 CHECK (lease_s BETWEEN 1 AND 3600),
-    -- NULL: tenants without an override are not limited.
-    default_max_in_flight integer     CHECK (default_max_in_flight >= 0),
-    -- Seconds of waiting that raise a pending run's effective priority by one;
-    -- 0 turns aging off (strict priorities).
-    priority_aging_s      integer     NOT NULL DEFAULT 60 CHECK (priority_aging_s >= 0),
-    created_at            timestamptz NOT NULL DEFAULT now(),
-    updated_at            timestamptz NOT NULL DEFAULT now(),
-    -- Finished runs older than this are deleted by the reaper's leader; 0 keeps them.
-    retention_s           integer     NOT NULL DEFAULT 604800 CHECK (retention_s >= 0),
-    -- A paused pool takes runs but no worker claims them; leased runs go on.
-    paused                boolean     NOT NULL DEFAULT false,
-    -- Names of worker environment variables this pool's tools may see
-    -- (the store refuses the worker's own: RUNLEASE_*, DATABASE_URL, PG*).
-    tool_env              text[]      NOT NULL DEFAULT '{}'
-                                      CONSTRAINT agent_run_pools_tool_env_check
-                                      CHECK (cardinality(tool_env) <= 64
-                                             AND (cardinality(tool_env) = 0
-                                                  OR array_to_string(tool_env, ' ', ' ')
-                                                     ~ '^[A-Z_][A-Z0-9_]{0,127}( [A-Z_][A-Z0-9_]{0,127})*$')),
-    -- The AgentRunPool ("namespace/name") whose operator writes this row; NULL
-    -- for a pool made through the API or CLI. Two AgentRunPools naming one pool
-    -- (the same name in two namespaces) would otherwise share its queue.
-    owner                 text        CHECK (length(owner) BETWEEN 3 AND 317)
-);
-
-INSERT INTO agent_run_pools (name) VALUES ('default');
-
--- Per-tenant settings of a pool. max_in_flight caps runs leased at once
--- (NULL: the pool's default_max_in_flight; 0 pauses the tenant). The priority
--- band bounds the priorities the tenant may submit (NULL: -100 or 100); a
--- submit outside it is refused. Priority only orders a tenant's own runs.
-CREATE TABLE agent_run_tenant_limits (
-    pool          text        NOT NULL REFERENCES agent_run_pools (name) ON DELETE CASCADE,
-    tenant_id     text        NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
-    max_in_flight integer     CHECK (max_in_flight >= 0),
-    updated_at    timestamptz NOT NULL DEFAULT now(),
-    priority_min  integer     CHECK (priority_min BETWEEN -100 AND 100),
-    priority_max  integer     CHECK (priority_max BETWEEN -100 AND 100),
-    -- Rates (NULL: none): runs submitted per minute (more is an HTTP 429),
-    -- and model tokens per minute (input plus output, from the usage log: a
-    -- tenant over it has no run claimed until its last minute is under it).
-    submits_per_minute integer CHECK (submits_per_minute BETWEEN 1 AND 100000),
-    tokens_per_minute  bigint  CHECK (tokens_per_minute BETWEEN 1 AND 1000000000000),
-    PRIMARY KEY (pool, tenant_id),
-    CONSTRAINT agent_run_tenant_limits_band_check CHECK (priority_min <= priority_max)
-);
-
--- The hot table. Heartbeats rewrite locked_until every few seconds, so no
--- index mentions locked_until (or updated_at, or event_seq): those updates
--- stay HOT, and fillfactor leaves room on each page for the new versions.
--- There is deliberately no foreign key on pool: every insert would share-lock
--- the one pool row and serialize concurrent enqueues on MultiXacts; enqueue
--- checks the pool itself.
-CREATE TABLE agent_runs (
-    id                  uuid        PRIMARY KEY,
-    pool                text        NOT NULL DEFAULT 'default',
-    tenant_id           text        NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
-    status              text        NOT NULL DEFAULT 'pending'
-                                    CHECK (status IN ('pending', 'leased', 'done', 'dead', 'cancelled')),
-    priority            integer     NOT NULL DEFAULT 0 CHECK (priority BETWEEN -100 AND 100),
-    -- Position in the pool's fair order: start tags of a start-time fair
-    -- queue, assigned at enqueue (see run_enqueue), across priorities.
-    fair_seq            bigint      NOT NULL DEFAULT 0,
-    attempts            integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
-    max_attempts        integer     NOT NULL DEFAULT 3 CHECK (max_attempts BETWEEN 1 AND 100),
-    -- The fencing token: +1 at every claim.
-    lease_epoch         bigint      NOT NULL DEFAULT 0,
-    available_at        timestamptz NOT NULL DEFAULT now(),
-    locked_until        timestamptz,
-    locked_by           text,
-    cancel_requested_at timestamptz,
-    budget_json         jsonb       NOT NULL DEFAULT '{}'::jsonb,
-    input_json          jsonb       NOT NULL,
-    result_json         jsonb,
-    idempotency_key     text        CHECK (length(idempotency_key) BETWEEN 1 AND 255),
-    -- Last event sequence number handed out for this run (see run_events.sql).
-    event_seq           bigint      NOT NULL DEFAULT 0,
-    error_code          text,
-    error_message       text,
-    created_at          timestamptz NOT NULL DEFAULT now(),
-    updated_at          timestamptz NOT NULL DEFAULT now(),
-    finished_at         timestamptz,
-    -- A pending run in backoff (nacked, available_at ahead): kept out of the
-    -- claim's indexes until its time comes (runlease_claim promotes it), so
-    -- runs waiting for minutes cost a claim nothing.
-    delayed             boolean     NOT NULL DEFAULT false,
-    -- The run's labels, a string map (bounded in core/bounds.py); found
-    -- through agent_run_labels, never through an index here.
-    labels              jsonb       NOT NULL DEFAULT '{}'::jsonb,
-    -- The run's retry policy (NULL: the built-in one, core/backoff.py): the
-    -- delay after the n-th failed attempt is min(cap, base * 2^(n-1)), and a
-    -- failure with one of non_retryable_codes is dead at once (run_nack).
-    backoff_base_s      integer     CHECK (backoff_base_s BETWEEN 0 AND 86400),
-    backoff_cap_s       integer     CHECK (backoff_cap_s BETWEEN 0 AND 604800),
-    non_retryable_codes text[]      CHECK (cardinality(non_retryable_codes) <= 32),
-    -- Usage summed over every attempt (RunContext.record_usage, begin_turn,
-    -- run_tool): a retried run's budget resumes with what is left.
-    input_tokens        bigint      NOT NULL DEFAULT 0 CHECK (input_tokens >= 0),
-    output_tokens       bigint      NOT NULL DEFAULT 0 CHECK (output_tokens >= 0),
-    cost                numeric     NOT NULL DEFAULT 0 CHECK (cost >= 0),
-    turns_used          integer     NOT NULL DEFAULT 0 CHECK (turns_used >= 0),
-    tool_calls_used     integer     NOT NULL DEFAULT 0 CHECK (tool_calls_used >= 0),
-    -- Child runs: the run that submitted this one (same tenant). No foreign
-    -- key, as for pool: a parent deleted by retention leaves its children be.
-    parent_run_id       uuid,
-    -- A parent waiting for its children (RunContext.wait_children): pending
-    -- and delayed with available_at far ahead, holding no worker slot, until
-    -- the reaper's leader finds its children finished and makes it due.
-    awaiting_children   boolean     NOT NULL DEFAULT false,
-    CONSTRAINT agent_runs_finished_iff_terminal
-        CHECK ((status IN ('done', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
-    CONSTRAINT agent_runs_lease_iff_leased
-        CHECK ((status = 'leased') = (locked_by IS NOT NULL AND locked_until IS NOT NULL)),
-    CONSTRAINT agent_runs_attempts_bounded CHECK (attempts <= max_attempts),
-    CONSTRAINT agent_runs_pending_not_cancelled
-        CHECK (status <> 'pending' OR cancel_requested_at IS NULL),
-    CONSTRAINT agent_runs_dead_has_code CHECK (status <> 'dead' OR error_code IS NOT NULL),
-    CONSTRAINT agent_runs_input_is_object CHECK (jsonb_typeof(input_json) = 'object'),
-    CONSTRAINT agent_runs_budget_is_object CHECK (jsonb_typeof(budget_json) = 'object')
-) WITH (
-    fillfactor = 70,
-    autovacuum_vacuum_scale_factor = 0.02,
-    autovacuum_vacuum_threshold = 500,
-    autovacuum_vacuum_insert_scale_factor = 0.05,
-    autovacuum_analyze_scale_factor = 0.02,
-    autovacuum_vacuum_cost_delay = 1
-);
-
--- Enqueue: the head of a pool's fair order (where a new tenant's runs join).
--- Ready runs only: pending and not in backoff (see delayed).
-CREATE INDEX agent_runs_claim_idx
-    ON agent_runs (pool, fair_seq, id)
-    WHERE status = 'pending' AND NOT delayed;
-
--- Leases: reap scans it for expired ones; claim counts a tenant's in-flight
--- runs from it. Keyed on columns a heartbeat never changes.
-CREATE INDEX agent_runs_leased_idx
-    ON agent_runs (pool, tenant_id)
-    WHERE status = 'leased';
-
--- Claim: the tenants with ready runs (one descent each, a loose index scan)
--- and each tenant's line in the fair order; enqueue: where a tenant's line
--- ends. Capped tenants are skipped by tenant, so their backlogs are not read.
-CREATE INDEX agent_runs_pending_tenant_idx
-    ON agent_runs (pool, tenant_id, fair_seq, id)
-    WHERE status = 'pending' AND NOT delayed;
-
--- Claim: a tenant's own ready runs by priority, to fill the places it is given.
-CREATE INDEX agent_runs_pending_priority_idx
-    ON agent_runs (pool, tenant_id, priority DESC, fair_seq, id)
-    WHERE status = 'pending' AND NOT delayed;
-
--- Claim: runs in backoff whose time has come, to make them ready again.
-CREATE INDEX agent_runs_delayed_idx
-    ON agent_runs (pool, available_at)
-    WHERE status = 'pending' AND delayed;
-
--- A run's children (listing, waiting, cancel cascade); most runs have no parent.
-CREATE INDEX agent_runs_parent_idx
-    ON agent_runs (parent_run_id, id)
-    WHERE parent_run_id IS NOT NULL;
-
--- Parents waiting for their children: what the leader's wake pass scans.
-CREATE INDEX agent_runs_awaiting_idx
-    ON agent_runs (id)
-    WHERE awaiting_children AND status = 'pending';
-
-CREATE UNIQUE INDEX agent_runs_idempotency_idx
-    ON agent_runs (pool, tenant_id, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-
-CREATE INDEX agent_runs_dead_idx ON agent_runs (id) WHERE status = 'dead';
-
--- The reaper: a worker's leases, found by its identity. locked_by is set by
--- the claim and never changes while the lease is renewed, so heartbeats stay
--- HOT; the reaper reads only the leases of workers whose registry row
--- expired (or that never registered), plus a bounded sweep by (locked_by, id).
-CREATE INDEX agent_runs_holder_idx
-    ON agent_runs (locked_by, id)
-    WHERE status = 'leased';
-
--- Retention: each pool's finished runs in the order they finished, so a
--- batch reads only what it deletes (not the live runs below an id cutoff).
-CREATE INDEX agent_runs_finished_idx
-    ON agent_runs (pool, finished_at)
-    WHERE finished_at IS NOT NULL;
-
--- Queue stats: the oldest ready run's wait (one descent), not a scan of the
--- pool's pending runs. available_at changes only on transitions that are not
--- HOT anyway.
-CREATE INDEX agent_runs_ready_idx
-    ON agent_runs (pool, available_at)
-    WHERE status = 'pending' AND NOT delayed;
-
--- A tenant's runs, newest first (ids are UUIDv7, so id order is creation
--- order), for listing. A side table written once at enqueue instead of an
--- index on agent_runs: every claim and ack is a non-HOT update that adds an
--- entry to every full index of agent_runs, and measured, a (tenant_id, id)
--- index there cost a quarter of claim+ack throughput. This table is never
--- updated; the retention statement deletes from it with the runs (no foreign
--- key: a cascade would need a second index to find the rows).
-CREATE TABLE agent_run_tenant_index (
-    tenant_id text NOT NULL,
-    run_id    uuid NOT NULL,
-    PRIMARY KEY (tenant_id, run_id)
-);
-
--- A run's labels, one row each, written once at enqueue (labels never
--- change): finding a tenant's runs by label is one range scan, newest first,
--- instead of an index on agent_runs that every claim and ack would update.
--- Deleted with the runs by the retention statements (no foreign key, as above).
-CREATE TABLE agent_run_labels (
-    tenant_id text NOT NULL,
-    key       text NOT NULL,
-    value     text NOT NULL,
-    run_id    uuid NOT NULL,
-    PRIMARY KEY (tenant_id, key, value, run_id)
-);
-
--- Admins search a label across tenants.
-CREATE INDEX agent_run_labels_any_tenant_idx ON agent_run_labels (key, value, run_id);
-
--- Events of a run, in order. seq is handed out under the run's row lock, so
--- events become visible in seq order and a stream can resume after any seq.
-CREATE TABLE agent_run_events (
-    run_id     uuid        NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
-    seq        bigint      NOT NULL CHECK (seq > 0),
-    kind       text        NOT NULL CHECK (length(kind) BETWEEN 1 AND 64),
-    data       jsonb       NOT NULL DEFAULT '{}'::jsonb,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (run_id, seq)
-);
-
--- The operator's lease-health condition counts recent lease expiries.
-CREATE INDEX agent_run_events_lease_expired_idx
-    ON agent_run_events (created_at)
-    WHERE kind = 'run.lease_expired';
-
--- Durable step results: a step committed by any attempt is not run again.
-CREATE TABLE agent_run_steps (
-    run_id      uuid        NOT NULL REFERENCES agent_runs (id) ON DELETE CASCADE,
-    step_key    text        NOT NULL CHECK (length(step_key) BETWEEN 1 AND 255),
-    result      jsonb       NOT NULL,
-    lease_epoch bigint      NOT NULL,
-    attempt     integer     NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (run_id, step_key)
-);
-
--- Schedules (runlease.services.scheduler): a cron expression in a time zone
--- and a run template (the submit body). The scheduler's leader enqueues a
--- due tick in the transaction that moves next_tick_at on, with an
--- idempotency key per tick, so a leader change neither doubles nor skips one.
-CREATE TABLE agent_run_schedules (
-    id           uuid        PRIMARY KEY,
-    tenant_id    text        NOT NULL CHECK (length(tenant_id) BETWEEN 1 AND 128),
-    name         text        NOT NULL CHECK (name ~ '^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$'),
-    cron         text        NOT NULL CHECK (length(cron) BETWEEN 9 AND 255),
-    timezone     text        NOT NULL DEFAULT 'UTC' CHECK (length(timezone) BETWEEN 1 AND 64),
-    pool         text        NOT NULL,
-    template     jsonb       NOT NULL CHECK (jsonb_typeof(template) = 'object'),
-    overlap      text        NOT NULL DEFAULT 'skip' CHECK (overlap IN ('skip', 'allow')),
-    paused       boolean     NOT NULL DEFAULT false,
-    next_tick_at timestamptz NOT NULL,
-    last_tick_at timestamptz,
-    last_run_id  uuid,
-    -- Why the last due tick enqueued nothing (overlap, or a template the
-    -- pool refuses now); NULL once a tick enqueues again.
-    last_error   text        CHECK (length(last_error) <= 1024),
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    updated_at   timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (tenant_id, name)
-);
-
--- The scheduler: schedules whose next tick is due.
-CREATE INDEX agent_run_schedules_due_idx
-    ON agent_run_schedules (next_tick_at)
-    WHERE NOT paused;
-
--- Usage as it is recorded, one row per record_usage: the last minutes of it
--- answer a tenant's token rate (runlease_claim), the rest is folded into
--- agent_usage_daily by the reaper's leader and deleted. No foreign key: a
--- run deleted by retention keeps what it spent.
-CREATE TABLE agent_run_usage_log (
-    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    pool          text        NOT NULL,
-    tenant_id     text        NOT NULL,
-    run_id        uuid        NOT NULL,
-    input_tokens  bigint      NOT NULL CHECK (input_tokens >= 0),
-    output_tokens bigint      NOT NULL CHECK (output_tokens >= 0),
-    cost          numeric     NOT NULL CHECK (cost >= 0),
-    created_at    timestamptz NOT NULL DEFAULT now()
-);
-
-CREATE INDEX agent_run_usage_log_tenant_idx
-    ON agent_run_usage_log (pool, tenant_id, created_at);
-
-CREATE INDEX agent_run_usage_log_created_idx ON agent_run_usage_log (created_at);
-
--- Usage per tenant, pool and UTC day (GET /v1/usage reads it with the log's
--- rows not folded yet).
-CREATE TABLE agent_usage_daily (
-    tenant_id     text        NOT NULL,
-    pool          text        NOT NULL,
-    day           date        NOT NULL,
-    input_tokens  bigint      NOT NULL DEFAULT 0,
-    output_tokens bigint      NOT NULL DEFAULT 0,
-    cost          numeric     NOT NULL DEFAULT 0,
-    records       bigint      NOT NULL DEFAULT 0,
-    PRIMARY KEY (tenant_id, pool, day)
-);
-
--- Completion webhooks. Hosts a run's webhook_url may name, as the admin
--- configures them (`*.example.com` matches subdomains); allow_private lets
--- the host resolve to loopback, private or link-local addresses.
-CREATE TABLE runlease_webhook_hosts (
-    pattern       text        PRIMARY KEY
-                              CHECK (pattern ~ '^(\*\.)?[a-z0-9]([a-z0-9.:\[\]-]{0,251}[a-z0-9\]])?$'),
-    allow_private boolean     NOT NULL DEFAULT false,
-    created_at    timestamptz NOT NULL DEFAULT now()
-);
-
--- Each tenant's signing key: deliveries carry HMAC-SHA256(secret, timestamp
--- "." body), so a tenant can check them and no tenant can forge another's.
-CREATE TABLE agent_webhook_secrets (
-    tenant_id     text        PRIMARY KEY CHECK (length(tenant_id) BETWEEN 1 AND 128),
-    secret        text        NOT NULL,
-    created_at    timestamptz NOT NULL DEFAULT now()
-);
-
--- One delivery per run that named a webhook_url: waiting until the run is
--- finished, then POSTed by the reaper's leader, retried with backoff;
--- attempts keeps the last ones ({at, status_code, error}).
-CREATE TABLE agent_run_webhooks (
-    run_id        uuid        PRIMARY KEY REFERENCES agent_runs (id) ON DELETE CASCADE,
-    tenant_id     text        NOT NULL,
-    url           text        NOT NULL CHECK (length(url) BETWEEN 1 AND 2048),
-    state         text        NOT NULL DEFAULT 'waiting'
-                              CHECK (state IN ('waiting', 'delivered', 'failed')),
-    tries         integer     NOT NULL DEFAULT 0,
-    next_at       timestamptz NOT NULL DEFAULT now(),
-    delivered_at  timestamptz,
-    attempts      jsonb       NOT NULL DEFAULT '[]'::jsonb,
-    created_at    timestamptz NOT NULL DEFAULT now()
-);
-
-CREATE INDEX agent_run_webhooks_waiting_idx
-    ON agent_run_webhooks (next_at)
-    WHERE state = 'waiting';
-
--- Leader election (runlease.services.leader): one row per role, such as the
--- reaper; whoever finds it expired takes it, and the term grows at every change.
-CREATE TABLE runlease_leaders (
-    name       text        PRIMARY KEY,
-    leader_id  text        NOT NULL,
-    term       bigint      NOT NULL CHECK (term > 0),
-    elected_at timestamptz NOT NULL,
-    expires_at timestamptz NOT NULL
-);
-
--- Worker processes (runlease.db.workers): each registers at start, its lease
--- keeper renews the row in the statement that renews its leases, a clean
--- shutdown deletes it, and the reaper's leader deletes rows expired long
--- ago. The reaper looks for expired leases only among the runs of workers
--- whose row expired (or that have none): one row per process, so a small
--- table, read whole. No index but the key: renewals stay HOT.
-CREATE TABLE agent_run_workers (
-    id           text        PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 255),
-    pool         text        NOT NULL CHECK (length(pool) BETWEEN 1 AND 48),
-    version      text        NOT NULL CHECK (length(version) BETWEEN 1 AND 64),
-    concurrency  integer     NOT NULL CHECK (concurrency >= 0),
-    runs_held    integer     NOT NULL DEFAULT 0 CHECK (runs_held >= 0),
-    started_at   timestamptz NOT NULL,
-    heartbeat_at timestamptz NOT NULL,
-    expires_at   timestamptz NOT NULL
-) WITH (fillfactor = 50);
-
--- Queue counts kept as they change (runlease.db.stats): the operator's
--- autoscaler and the console read them every few seconds, and counting a
--- million pending runs each time cost a scan of them all. Only the states
--- that can grow without bound are counted: pending (ready), delayed (pending
--- in backoff) and dead (by error code); leased runs are counted from
--- agent_runs_leased_idx (bounded by what is in flight). A change appends a
--- delta row (insert-only: no row every writer updates); the reaper's leader
--- folds the deltas into agent_run_counts every pass; a read sums both.
-CREATE TABLE agent_run_counts (
-    pool       text   NOT NULL,
-    tenant_id  text   NOT NULL,
-    state      text   NOT NULL CHECK (state IN ('pending', 'delayed', 'dead')),
-    -- '' unless dead.
-    error_code text   NOT NULL DEFAULT '',
-    n          bigint NOT NULL,
-    PRIMARY KEY (pool, tenant_id, state, error_code)
-);
-
-CREATE TABLE agent_run_count_deltas (
-    pool       text   NOT NULL,
-    tenant_id  text   NOT NULL,
-    state      text   NOT NULL,
-    error_code text   NOT NULL DEFAULT '',
-    n          bigint NOT NULL
-) WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000);
+-- The rule: a change to a table, column, constraint, index or data is a new
+-- numbered file in migrations/; a change to a function or trigger is an edit
+-- of this file, never a migration. runlease.db.migrate applies this file after
+-- the numbered migrations, in the same transaction (so a write cannot slip
+-- between a migration and the triggers that keep agent_run_counts), whenever
+-- migrations were applied or this file's checksum differs from the one the
+-- database recorded (runlease_migrations, version 0); otherwise it takes no
+-- lock at all. Hence every statement here must be repeatable:
+-- CREATE OR REPLACE. A change of a function's arguments or result type needs a
+-- DROP FUNCTION IF EXISTS of the old signature first (CREATE OR REPLACE cannot
+-- change them); a trigger's function must exist before its trigger.
+--
+-- Queue counts (agent_run_counts, migration 0008): a change of a run's counted
+-- state appends a delta row; the reaper's leader folds them in.
 
 -- The counted state of a run ('' when it is in none: leased, done, cancelled).
-CREATE FUNCTION runlease_counted_state(p_status text, p_delayed boolean) RETURNS text
+CREATE OR REPLACE FUNCTION runlease_counted_state(p_status text, p_delayed boolean) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
             WHEN p_status IN ('pending', 'dead') THEN p_status
@@ -426,7 +27,7 @@ RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
 -- appends one row). Updates: a row-level trigger whose WHEN passes only a
 -- change of counted state, so heartbeats, acks and cancels of leased runs
 -- (most updates) fire nothing.
-CREATE FUNCTION runlease_count_rows() RETURNS trigger
+CREATE OR REPLACE FUNCTION runlease_count_rows() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -450,7 +51,7 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION runlease_count_change() RETURNS trigger
+CREATE OR REPLACE FUNCTION runlease_count_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_old text := runlease_counted_state(OLD.status, OLD.delayed);
@@ -469,15 +70,15 @@ BEGIN
 END;
 $$;
 
-CREATE TRIGGER agent_runs_count_insert AFTER INSERT ON agent_runs
+CREATE OR REPLACE TRIGGER agent_runs_count_insert AFTER INSERT ON agent_runs
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION runlease_count_rows();
 
-CREATE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
+CREATE OR REPLACE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION runlease_count_rows();
 
-CREATE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
+CREATE OR REPLACE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
     FOR EACH ROW
     WHEN (runlease_counted_state(OLD.status, OLD.delayed)
               IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
@@ -516,7 +117,7 @@ CREATE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
 -- held, so the count includes every claim committed before: never more than
 -- L leased, however many workers claim at once. A single statement cannot do
 -- this, its snapshot predates any lock it takes; hence a function.
-CREATE FUNCTION runlease_claim(
+CREATE OR REPLACE FUNCTION runlease_claim(
     p_pool text, p_worker text, p_n integer, p_lease_s integer, p_now timestamptz
 ) RETURNS TABLE (
     id uuid, pool text, tenant_id text, priority integer, attempts integer,
@@ -862,14 +463,13 @@ BEGIN
 END;
 $$;
 
-
 -- A finished lease frees a slot of its tenant: in a pool with tenant limits,
 -- NOTIFY the pool so a claimer waiting on a capped tenant claims its next run
 -- now, not at its next poll. Called by ack, nack, fail and finalize_cancel
 -- with the pools of the runs they ended (repeats are fine); returns how many
 -- notifications it sent. plpgsql: its plan is cached per session, and ack is
 -- the hot path.
-CREATE FUNCTION runlease_notify_freed(p_channel_prefix text, p_pools text[])
+CREATE OR REPLACE FUNCTION runlease_notify_freed(p_channel_prefix text, p_pools text[])
 RETURNS bigint
 LANGUAGE plpgsql
 AS $$
@@ -885,12 +485,11 @@ BEGIN
 END;
 $$;
 
-
 -- A transition tells the event streams following its runs (channels.
 -- EVENTS_CHANNEL) of each run's new event, 'id:seq', instead of their
 -- polling. Called once per statement with parallel arrays (one array_agg
 -- query keeps them in step); returns how many notifications it sent.
-CREATE FUNCTION runlease_notify_events(p_runs uuid[], p_seqs bigint[]) RETURNS bigint
+CREATE OR REPLACE FUNCTION runlease_notify_events(p_runs uuid[], p_seqs bigint[]) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (SELECT count(pg_notify('runlease_events', e.id::text || ':' || e.seq))
@@ -898,12 +497,11 @@ BEGIN
 END;
 $$;
 
-
 -- Runs back to pending wake their pools' claimers now, not at their next
 -- poll: one NOTIFY per pool (repeats are dropped). Called once per
 -- statement with the pools of the runs it made pending; returns how many
 -- notifications it sent.
-CREATE FUNCTION runlease_notify_pending(p_channel_prefix text, p_pools text[])
+CREATE OR REPLACE FUNCTION runlease_notify_pending(p_channel_prefix text, p_pools text[])
 RETURNS bigint LANGUAGE plpgsql AS $$
 BEGIN
     RETURN (SELECT count(pg_notify(p_channel_prefix || p.name, p.name))
