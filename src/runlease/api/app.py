@@ -76,11 +76,14 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         max_bytes = self.large.get(scope.get("path", ""), self.max_bytes)
-        too_big = error_response(413, "body_too_large",
-                                 f"body: over the bound of {max_bytes} bytes", "body")
+
+        def too_big() -> Response:  # built only when sent: every request came here
+            return error_response(413, "body_too_large",
+                                  f"body: over the bound of {max_bytes} bytes", "body")
+
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-            await too_big(scope, receive, send)
+            await too_big()(scope, receive, send)
             return
         seen = 0
         started = False
@@ -103,7 +106,7 @@ class BodyLimit:
             await self.app(scope, counting_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await too_big(scope, receive, send)
+                await too_big()(scope, receive, send)
 
 
 class RequestMetrics:

@@ -38,7 +38,7 @@ from runlease.errors import DatabaseUnavailable, RunleaseError, ValidationError
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 64
-MAX_IN_FLIGHT = 4
+MAX_IN_FLIGHT = 2
 
 Outcome = EnqueueResult | RunleaseError | Exception
 
