@@ -33,6 +33,7 @@ from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
 from runlease.api.fanout import Fanout
+from runlease.api.fast_submit import FastSubmit
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
 from runlease.api.submit_group import SubmitGroups
@@ -219,6 +220,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     app.include_router(webhooks.router)
     app.include_router(workers.router)
     console.install(app, settings)
+    # Innermost of the middlewares: inside the body bound, metrics and CORS.
+    app.add_middleware(FastSubmit, api=app, state=state)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),

@@ -29,6 +29,7 @@ class ApiState:
     hub: FeedHub | None = None
     waker: PoolWaker | None = None
     groups: SubmitGroups | None = None
+    fast_submits: int = 0  # answered by api/fast_submit.py (tests, the bench)
 
 
 def api_state(request: Request) -> ApiState:
@@ -43,11 +44,15 @@ async def store(request: Request) -> RunStore:
 
 
 def bearer(request: Request) -> Principal | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    return principal_of(api_state(request), request.headers.get("authorization", ""))
+
+
+def principal_of(state: ApiState, authorization: str) -> Principal | None:
+    """Who an Authorization header names: a known bearer token's principal, or None."""
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
-    return api_state(request).tokens.authenticate(token.strip())
+    return state.tokens.authenticate(token.strip())
 
 
 async def principal(request: Request) -> Principal:

@@ -41,6 +41,7 @@ from runlease.api.search import (
     TimeQ,
     run_filter,
 )
+from runlease.api.wakeups import PoolWaker
 from runlease.core import bounds
 from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
@@ -118,14 +119,19 @@ async def submit(
             retry=retry_policy(body)))
     else:
         result = await _submit_alone(body, who, tenant, store, idempotency_key)
+    return submitted(result, waker, admin=who.admin)
+
+
+def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Response:
+    """A submit's answer (and its metric, and its pool's wakeup)."""
+    run = result.run
     if result.inserted:
-        metrics.RUNS_SUBMITTED.labels(body.pool).inc()
-        if result.run.status == "pending" and result.run.available_at <= result.run.created_at:
-            waker.wake((body.pool,))
+        metrics.RUNS_SUBMITTED.labels(run.pool).inc()
+        if run.status == "pending" and run.available_at <= run.created_at:
+            waker.wake((run.pool,))
     # Serialized here, once: returned as a model, it would be validated again.
-    return Response(run_json(result.run, admin=who.admin),
-                    status_code=201 if result.inserted else 200, media_type="application/json",
-                    headers={"Location": f"/v1/runs/{result.run.id}"})
+    return Response(run_json(run, admin=admin), status_code=201 if result.inserted else 200,
+                    media_type="application/json", headers={"Location": f"/v1/runs/{run.id}"})
 
 
 async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: RunStore,
