@@ -78,7 +78,11 @@ CREATE OR REPLACE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION runlease_count_rows();
 
-CREATE OR REPLACE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
+-- Only for an update that sets a column a count depends on: an update that
+-- sets none of them (a heartbeat, a usage write) is passed over by its column
+-- list alone, without reading the row for the WHEN.
+CREATE OR REPLACE TRIGGER agent_runs_count_update
+    AFTER UPDATE OF status, delayed, error_code, pool, tenant_id ON agent_runs
     FOR EACH ROW
     WHEN (runlease_counted_state(OLD.status, OLD.delayed)
               IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
@@ -86,6 +90,33 @@ CREATE OR REPLACE TRIGGER agent_runs_count_update AFTER UPDATE ON agent_runs
           OR OLD.pool IS DISTINCT FROM NEW.pool
           OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id)
     EXECUTE FUNCTION runlease_count_change();
+
+-- input_json and budget_json are objects (migration 0012 dropped the CHECKs
+-- that said so: every UPDATE re-checks every CHECK, and jsonb_typeof
+-- detoasts the whole input, a conversation often compressed or out of line,
+-- at each heartbeat). The same rule, checked when the value is written; the
+-- error is the one a CHECK raises (check_violation, the constraint's name).
+CREATE OR REPLACE FUNCTION runlease_refuse_non_object() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text := CASE WHEN jsonb_typeof(NEW.input_json) <> 'object'
+                        THEN 'agent_runs_input_is_object'
+                        ELSE 'agent_runs_budget_is_object' END;
+BEGIN
+    RAISE EXCEPTION 'new row for relation "agent_runs" violates check constraint "%"', v_name
+        USING ERRCODE = 'check_violation', CONSTRAINT = v_name, TABLE = 'agent_runs',
+              SCHEMA = TG_TABLE_SCHEMA;
+END;
+$$;
+
+-- AFTER, not BEFORE: a BEFORE UPDATE trigger, even one for other columns,
+-- locks and re-reads every updated row before looking at its column list
+-- (and a BEFORE INSERT row trigger would turn off COPY's batched inserts).
+CREATE OR REPLACE TRIGGER agent_runs_objects_check
+    AFTER INSERT OR UPDATE OF input_json, budget_json ON agent_runs
+    FOR EACH ROW
+    WHEN (jsonb_typeof(NEW.input_json) <> 'object' OR jsonb_typeof(NEW.budget_json) <> 'object')
+    EXECUTE FUNCTION runlease_refuse_non_object();
 
 -- Claim up to p_n runs of a pool for one worker: one call, one short
 -- transaction, plans cached by PL/pgSQL.

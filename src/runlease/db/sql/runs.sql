@@ -139,14 +139,16 @@ SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locke
 -- when some were not renewed, the ids of those (their leases are lost).
 -- Given the worker's pool, its registry row is renewed in the same statement
 -- (inserted again if the reaper deleted it while the worker was away).
+-- The ids and epochs travel in binary: as text, formatting them cost the
+-- client and parsing them the server about a microsecond each per lease.
 WITH upd AS (
     UPDATE agent_runs r
        SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => coalesce(
                %(lease_s)s::integer,
                (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = r.pool)))
-     WHERE r.id = ANY (%(ids)s::uuid[])
-       AND r.lease_epoch = ((SELECT jsonb_object(%(ids)s::uuid[]::text[],
-                                                 %(epochs)s::bigint[]::text[]))
+     WHERE r.id = ANY (%(ids)b::uuid[])
+       AND r.lease_epoch = ((SELECT jsonb_object(%(ids)b::uuid[]::text[],
+                                                 %(epochs)b::bigint[]::text[]))
                             ->> r.id::text)::bigint
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
@@ -169,8 +171,8 @@ WITH upd AS (
 )
 SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
        array_agg(upd.id) FILTER (WHERE upd.cancel_requested) AS cancel_requested,
-       CASE WHEN count(*) < cardinality(%(ids)s::uuid[]) THEN
-           (SELECT array_agg(h.id) FROM unnest(%(ids)s::uuid[]) AS h (id)
+       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN
+           (SELECT array_agg(h.id) FROM unnest(%(ids)b::uuid[]) AS h (id)
              WHERE h.id NOT IN (SELECT upd.id FROM upd)) END AS lost
   FROM upd;
 
