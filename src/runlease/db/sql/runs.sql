@@ -39,12 +39,19 @@ WITH {{clock}}, input AS (
                  idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8,
                  backoff_base_s integer, backoff_cap_s integer, non_retryable_codes text[]),
            clock
-), lanes AS (
+), lanes AS MATERIALIZED (
+    -- MATERIALIZED: once per (pool, tenant) of the batch. Inlined, the
+    -- planner evaluated these subqueries once per inserted row, and a batch
+    -- of 1,000 read its tenant's whole pending line 1,000 times (seconds,
+    -- growing with the line: the bulk stalls of docs/benchmarks.md).
+    -- ORDER BY ... LIMIT 1, not max(): one descent of
+    -- agent_runs_pending_tenant_idx whatever the statistics say.
     SELECT l.pool, l.tenant_id,
            greatest(
-               (SELECT max(r.fair_seq) + 1 FROM agent_runs r
+               (SELECT r.fair_seq + 1 FROM agent_runs r
                  WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
-                   AND r.tenant_id = l.tenant_id),
+                   AND r.tenant_id = l.tenant_id
+                 ORDER BY r.fair_seq DESC LIMIT 1),
                coalesce(
                    (SELECT r.fair_seq FROM agent_runs r, clock
                      WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
