@@ -6,9 +6,7 @@
 
 -- name: worker_register
 -- At start (and again if the row was deleted while the worker was away).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-)
+WITH {{clock}}
 INSERT INTO agent_run_workers AS w
        (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at)
 SELECT %(worker)s, %(pool)s, %(version)s, %(concurrency)s, 0, clock.ts, clock.ts,
@@ -25,9 +23,7 @@ RETURNING w.*, w.expires_at > (SELECT ts FROM clock) AS alive;
 -- name: worker_beat
 -- A heartbeat of a worker that holds no run (run_heartbeat renews the row
 -- of one that does). Inserts the row if it is gone.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-)
+WITH {{clock}}
 INSERT INTO agent_run_workers AS w
        (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at,
         stale_writes)
