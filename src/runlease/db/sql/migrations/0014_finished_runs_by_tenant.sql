@@ -1,4 +1,4 @@
--- 0016: a tenant's finished runs, newest first, for GET /v1/runs?status=done
+-- 0014: a tenant's finished runs, newest first, for GET /v1/runs?status=done
 -- (and cancelled, dead, finished_*). From the tenant's line in
 -- agent_run_tenant_index, such a filter first reads every run still pending
 -- or leased above its matches: a backlog of 5,000 was 5,000 lookups before
