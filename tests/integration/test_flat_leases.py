@@ -207,3 +207,39 @@ async def test_a_heartbeat_plan_is_linear_in_the_leases_it_renews(
     renewed, plans = await explained(store, beats, f"SET plan_cache_mode = {plan_mode}")
     assert renewed == 500
     assert work(plans[-1]) < 10 * 500, work(plans[-1])
+
+
+def blocks(db_url: str, worker: str) -> dict[Any, int]:
+    """The heap page of each of a worker's leased rows."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        return {row[0]: row[1] for row in conn.execute(
+            "SELECT id, (ctid::text::point)[0]::int FROM agent_runs WHERE locked_by = %s",
+            (worker,))}
+
+
+async def test_heartbeats_of_a_claimed_batch_stay_on_their_pages(
+    live_store: RunStore, db_url: str
+) -> None:
+    # A worker's leases were enqueued together and claimed together, so they
+    # fill whole pages; a heartbeat renews all of them in one statement. A
+    # new version stays on its page (a HOT update, no index entry) only if
+    # the page has room for a second version of each of its rows: with
+    # fillfactor 70, 291 of the first heartbeat's 1,000 renewals moved to other
+    # pages and inserted into three indexes each, the cost per lease of a
+    # large heartbeat several times that of a small one.
+    store = live_store
+    await store.enqueue_many("default", [NewRun("acme", {"prompt": "p" * 200, "i": i})
+                                         for i in range(1000)])
+    pairs = []
+    for _ in range(20):  # as a worker claims: in batches
+        pairs += [(lease.run_id, lease.epoch) for lease in await store.claim("default", "w", 50)]
+    assert len(pairs) == 1000
+    async with store.connection() as conn:
+        for beat in range(3):
+            before = blocks(db_url, "w")
+            result = await store.heartbeat("w", pairs, lease_s=30, conn=conn)
+            assert len(result.held) == 1000
+            assert not result.lost
+            after = blocks(db_url, "w")
+            moved = sum(1 for run_id, block in before.items() if after[run_id] != block)
+            assert moved <= 10, f"heartbeat {beat}: {moved} of 1,000 renewals left their page"

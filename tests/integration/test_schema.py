@@ -97,13 +97,16 @@ def test_a_database_migrated_by_a10c050_upgrades_to_the_fresh_schema(
     assert migrate(empty_db_url) == []
     assert pending(empty_db_url) == []
     if upto == 6:
+        # 0013 counts every run as 'total' too (done = total less the rest).
         assert counts(empty_db_url) == [("default", "acme", "delayed", "", 3),
-                                        ("default", "acme", "pending", "", 2)]
+                                        ("default", "acme", "pending", "", 2),
+                                        ("default", "acme", "total", "", 5)]
         with psycopg.connect(empty_db_url, autocommit=True) as conn:
             conn.execute("INSERT INTO agent_runs (id, tenant_id, input_json)"
                          " VALUES (gen_random_uuid(), 'acme', '{}')")
         assert counts(empty_db_url) == [("default", "acme", "delayed", "", 3),
-                                        ("default", "acme", "pending", "", 3)]
+                                        ("default", "acme", "pending", "", 3),
+                                        ("default", "acme", "total", "", 6)]
 
 
 def test_a_changed_functions_file_is_applied_again(db_url: str) -> None:
@@ -387,3 +390,27 @@ def table_stats(url: str) -> dict[str, int]:
         ).fetchone()
     assert row is not None
     return {"n_tup_upd": row[0], "n_tup_hot_upd": row[1]}
+
+
+@pytest.mark.parametrize("column", ["input_json", "budget_json"])
+def test_input_and_budget_must_be_objects_when_written(db_url: str, column: str) -> None:
+    # A trigger, not a CHECK (a CHECK re-detoasts the input at every
+    # heartbeat): the same refusal at insert and at an update of the column.
+    name = "input" if column == "input_json" else "budget"
+    other = "budget_json" if column == "input_json" else "input_json"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for bad in ("[]", '"text"', "1", "null"):
+            with pytest.raises(psycopg.errors.CheckViolation) as refused:
+                conn.execute(f"INSERT INTO agent_runs (id, tenant_id, {column}, {other})"
+                             " VALUES (gen_random_uuid(), 't', %s::jsonb, '{}')", (bad,))
+            assert refused.value.diag.constraint_name == f"agent_runs_{name}_is_object"
+        run_id = conn.execute(f"INSERT INTO agent_runs (id, tenant_id, {column}, {other})"
+                              " VALUES (gen_random_uuid(), 't', '{}', '{}') RETURNING id"
+                              ).fetchone()
+        assert run_id is not None
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(f"UPDATE agent_runs SET {column} = '[1]' WHERE id = %s", run_id)
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(f"UPDATE agent_runs SET {column} = {column} - 'x' || '[]'"
+                         " WHERE id = %s", run_id)
+        conn.execute(f"UPDATE agent_runs SET {column} = '{{\"a\": 1}}' WHERE id = %s", run_id)

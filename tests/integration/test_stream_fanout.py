@@ -22,7 +22,7 @@ from runlease.client import RunEnded, SseParser, StreamEvent
 from runlease.core.states import RunStatus
 from runlease.db.channels import EVENTS_CHANNEL
 from runlease.db.models import Lease
-from runlease.db.queries import sql
+from runlease.db.queries import sql, statements
 from runlease.db.store import RunStore
 from tests.support.api import Api, serve_api
 from tests.support.waiting import until
@@ -398,8 +398,12 @@ def test_every_transition_that_writes_an_event_or_ends_a_run_notifies_the_stream
     # event or ended the run without a NOTIFY would leave its streams waiting.
     # The channel is written out in runlease_notify_events (statements run by
     # hand need no parameter for it): it must be the one the API listens on.
-    for name in ("run_ack", "run_nack", "run_fail", "run_release", "run_request_cancel",
-                 "run_finalize_cancel", "run_reap", "run_redrive"):
+    writers = [name for name, text in statements().items()
+               if "INSERT INTO agent_run_events" in text and name != "run_event_record"]
+    assert {"run_nack", "run_reap", "run_bulk_cancel", "run_children_wake"} <= set(writers)
+    assert "pg_notify(%(channel)s, upd.id::text || ':' || upd.event_seq)" in \
+        sql("run_event_record")  # the worker's own events, by the channel it is given
+    for name in ["run_ack", *writers]:  # an ack ends the run without an event row
         assert "runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq))" in \
             sql(name), name
         assert "CROSS JOIN events_notify" in sql(name), name

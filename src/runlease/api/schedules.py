@@ -18,19 +18,12 @@ from runlease.api.deps import JsonBody, Store, Who
 from runlease.api.errors import ErrorAnswer
 from runlease.api.routes import tenant_for
 from runlease.api.schemas import (
-    POOL_PATTERN,
     WEBHOOK_URL_PATTERN,
-    Attempts,
-    BackoffBase,
-    BackoffCap,
-    BudgetIn,
     ErrorBody,
-    ErrorCode,
-    Priority,
+    RunSettings,
     Strict,
     TenantId,
 )
-from runlease.core import backoff, bounds
 from runlease.core.cron import CRON_MAX_CHARS, TIMEZONE_PATTERN, Cron
 from runlease.db.schedules import (
     SCHEDULE_NAME_PATTERN,
@@ -56,21 +49,9 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such schedule (or another tenant's)."}}
 
 
-class RunTemplate(Strict):
+class RunTemplate(RunSettings):
     """The run each tick enqueues: the fields of a submit (`POST /v1/runs`)."""
 
-    input: dict[str, Any] = Field(description="The agent's input, a JSON object (no NUL "
-                                              "character in any of its strings).",
-                                  examples=[{"prompt": "Summarise yesterday's incidents"}])
-    pool: str = Field("default", min_length=1, max_length=bounds.POOL_MAX_CHARS,
-                      pattern=POOL_PATTERN)
-    priority: Priority = 0
-    max_attempts: Attempts | None = None
-    budget: BudgetIn | None = None
-    backoff_base_s: BackoffBase | None = None
-    backoff_cap_s: BackoffCap | None = None
-    non_retryable_codes: list[ErrorCode] | None = Field(None,
-                                                        max_length=backoff.NON_RETRYABLE_MAX)
     webhook_url: str | None = Field(
         None, min_length=1, max_length=2048, pattern=WEBHOOK_URL_PATTERN,
         examples=["https://hooks.example.com/runlease"],
@@ -125,11 +106,7 @@ class ScheduleOut(BaseModel):
 
     @classmethod
     def of(cls, s: Schedule) -> ScheduleOut:
-        return cls(id=s.id, tenant_id=s.tenant_id, name=s.name, cron=s.cron,
-                   timezone=s.timezone, template=s.template, overlap=s.overlap,
-                   paused=s.paused, next_tick_at=s.next_tick_at, last_tick_at=s.last_tick_at,
-                   last_run_id=s.last_run_id, last_error=s.last_error,
-                   created_at=s.created_at, updated_at=s.updated_at)
+        return cls(**{name: getattr(s, name) for name in cls.model_fields})
 
 
 class SchedulePage(BaseModel):

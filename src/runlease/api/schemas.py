@@ -140,10 +140,9 @@ def _one_start_rule(schema: dict[str, Any]) -> None:
                            "non_retryable_codes": ["invalid_input"]}]
 
 
-class RunCreate(Strict):
-    """A run to enqueue. Admin callers name the tenant; tenants may not."""
-
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_start_rule)
+class RunSettings(Strict):
+    """What a run is and how it is retried: the fields a submit and a
+    schedule's template (api/schedules.py) share."""
 
     input: dict[str, Any] = Field(description="The agent's input, a JSON object (no NUL "
                                               "character in any of its strings).",
@@ -167,6 +166,13 @@ class RunCreate(Strict):
         description="Error codes after which the run is dead at once, whatever attempts "
                     "remain (a retryable failure with one of them is not retried).",
         examples=[["invalid_input", "quota_exceeded"]])
+
+
+class RunCreate(RunSettings):
+    """A run to enqueue. Admin callers name the tenant; tenants may not."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_start_rule)
+
     tenant_id: TenantId | None = Field(
         None, description="The tenant the run belongs to. An admin token must name it; a "
                           "tenant token may leave it out or name its own tenant (another "

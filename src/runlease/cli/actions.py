@@ -3,8 +3,10 @@ by filter (`runlease runs cancel --status pending --dry-run`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -12,12 +14,46 @@ from runlease.cli.runs import runs
 from runlease.cli.terminal import api_options, client, emit_json, out
 from runlease.client import BulkView
 
-F = TypeVar("F", bound=Callable[..., Any])
 STATUSES = ["pending", "leased", "done", "dead", "cancelled"]
 
 
-def filter_options(command: F) -> F:
-    wrapped: Any = command
+@dataclass(frozen=True)
+class Selection:
+    """The runs a bulk action names: run ids, or filter options."""
+
+    run_ids: tuple[str, ...]
+    statuses: tuple[str, ...]
+    pool: str | None
+    labels: tuple[str, ...]
+    tenant_id: str | None
+    dry_run: bool
+
+    def one_run(self) -> bool:
+        """One run id and no dry run: the single-run call, not the bulk one."""
+        if self.run_ids and (self.statuses or self.pool or self.tenant_id or self.labels):
+            raise click.UsageError("give run ids or filter options (--status, --pool, "
+                                   "--label, --tenant), not both")
+        return len(self.run_ids) == 1 and not self.dry_run
+
+    def send(self, api_url: str, token: str, as_json: bool, action: str) -> None:
+        """Send the bulk action (cancel or redrive) and print what it did."""
+        with client(api_url, token) as api:
+            send = api.bulk_cancel if action == "cancel" else api.bulk_redrive
+            result = send(list(self.run_ids) or None, status=self.statuses or None,
+                          pool=self.pool, tenant_id=self.tenant_id, label=self.labels,
+                          dry_run=self.dry_run)
+        _print_bulk(result, as_json)
+
+
+def selection_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The run ids and filter options, handed to the command as one Selection."""
+    @functools.wraps(command)
+    def with_selection(*, run_ids: tuple[str, ...], statuses: tuple[str, ...],
+                       pool: str | None, labels: tuple[str, ...], tenant_id: str | None,
+                       dry_run: bool, **rest: Any) -> None:
+        command(selection=Selection(run_ids, statuses, pool, labels, tenant_id, dry_run),
+                **rest)
+    wrapped: Any = with_selection
     wrapped = click.option("--dry-run", is_flag=True,
                            help="Count the runs it would change; change none.")(wrapped)
     wrapped = click.option("--tenant", "tenant_id",
@@ -26,9 +62,10 @@ def filter_options(command: F) -> F:
     wrapped = click.option("--label", "labels", multiple=True, metavar="KEY:VALUE",
                            help="Only runs with this label (repeatable; all must "
                                 "match).")(wrapped)
-    return click.option("--status", "statuses", multiple=True,  # type: ignore[no-any-return]
-                        type=click.Choice(STATUSES),
-                        help="Only runs in this status (repeatable).")(wrapped)
+    wrapped = click.option("--status", "statuses", multiple=True,
+                           type=click.Choice(STATUSES),
+                           help="Only runs in this status (repeatable).")(wrapped)
+    return click.argument("run_ids", nargs=-1)(wrapped)  # type: ignore[no-any-return]
 
 
 def _print_bulk(result: BulkView, as_json: bool) -> None:
@@ -45,52 +82,32 @@ def _print_bulk(result: BulkView, as_json: bool) -> None:
         out("stopped at the bound of one request: run it again for the rest")
 
 
-def _by_filter(run_ids: tuple[str, ...], statuses: tuple[str, ...], pool: str | None,
-               tenant_id: str | None, dry_run: bool, labels: tuple[str, ...] = ()) -> bool:
-    if run_ids and (statuses or pool or tenant_id or labels):
-        raise click.UsageError("give run ids or filter options (--status, --pool, --label, "
-                               "--tenant), not both")
-    return not (len(run_ids) == 1 and not dry_run)
-
-
 @runs.command("cancel")
 @api_options
-@click.argument("run_ids", nargs=-1)
-@filter_options
-def cancel(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
-           statuses: tuple[str, ...], pool: str | None, labels: tuple[str, ...],
-           tenant_id: str | None, dry_run: bool) -> None:
+@selection_options
+def cancel(api_url: str, token: str, as_json: bool, selection: Selection) -> None:
     """Stop a run (its tools too), or many: by ids, or by --status/--pool/
     --label (a filter with no option: every pending and leased run of yours)."""
-    if not _by_filter(run_ids, statuses, pool, tenant_id, dry_run, labels):
-        with client(api_url, token) as api:
-            run = api.cancel(run_ids[0])
-        if as_json:
-            emit_json(run)
-        else:
-            state = "cancel requested" if run.status == "leased" else run.status
-            out(f"{run.id}: {state}")
+    if not selection.one_run():
+        selection.send(api_url, token, as_json, "cancel")
         return
     with client(api_url, token) as api:
-        result = api.bulk_cancel(list(run_ids) or None, status=statuses or None, pool=pool,
-                                 tenant_id=tenant_id, label=labels, dry_run=dry_run)
-    _print_bulk(result, as_json)
+        run = api.cancel(selection.run_ids[0])
+    if as_json:
+        emit_json(run)
+    else:
+        state = "cancel requested" if run.status == "leased" else run.status
+        out(f"{run.id}: {state}")
 
 
 @runs.command("redrive")
 @api_options
-@click.argument("run_ids", nargs=-1)
-@filter_options
-def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
-            statuses: tuple[str, ...], pool: str | None, labels: tuple[str, ...],
-            tenant_id: str | None, dry_run: bool) -> None:
+@selection_options
+def redrive(api_url: str, token: str, as_json: bool, selection: Selection) -> None:
     """Send dead runs back to the queue, attempts reset: by ids, or every
     dead run matching --pool/--label (and, for admins, --tenant)."""
-    _by_filter(run_ids, statuses, pool, tenant_id, dry_run, labels)
-    with client(api_url, token) as api:
-        result = api.bulk_redrive(list(run_ids) or None, status=statuses or None, pool=pool,
-                                  tenant_id=tenant_id, label=labels, dry_run=dry_run)
-    _print_bulk(result, as_json)
+    selection.one_run()
+    selection.send(api_url, token, as_json, "redrive")
 
 
 @runs.command("reprioritize")

@@ -12,16 +12,7 @@ from uuid import UUID
 import httpx
 
 from runlease.client.actions import AsyncActions
-from runlease.client.calls import (
-    MAX_BATCH,
-    Call,
-    Calls,
-    T,
-    Waiting,
-    check,
-    chunks,
-    sends_async,
-)
+from runlease.client.calls import MAX_BATCH, Batches, Call, Calls, T, Waiting, check, sends_async
 from runlease.client.errors import ApiError
 from runlease.client.schedules import AsyncSchedules
 from runlease.client.sse import Resume, RunEnded, StreamEvent
@@ -52,18 +43,12 @@ class AsyncClient(AsyncActions, AsyncSchedules):
 
     async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
                     on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
-        """Submit runs in batches of `chunk` (at most 1,000), one request each,
-        each batch all or nothing; runs in the order given. Each run is a single
-        submit's body as a dict (`input`, `pool`, `labels`, `run_at`, ...) plus
-        its `idempotency_key`: with keys, a retry after a failure submits only
-        what is missing. `on_chunk(n)` is called after each batch with its size."""
-        made: builtins.list[RunView] = []
-        for part in chunks(runs, chunk):
-            batch: builtins.list[RunView] = await self._send(self._calls.submit_batch(part))
-            made += batch
-            if on_chunk is not None:
-                on_chunk(len(part))
-        return made
+        batches = Batches(self._calls, runs, chunk, on_chunk)
+        for call in batches:
+            batches.took(await self._send(call))
+        return batches.made
+
+    submit_many.__doc__ = Batches.__doc__
 
     get = sends_async(Calls.get)
     list = sends_async(Calls.list)
@@ -104,9 +89,6 @@ class AsyncClient(AsyncActions, AsyncSchedules):
     webhook = sends_async(Calls.webhook)
     webhook_hosts = sends_async(Calls.webhook_hosts)
 
-    async def webhook_secret(self, *, rotate: bool = False,
-                       tenant_id: str | None = None) -> str:
-        """The key that signs the tenant's deliveries (a new one with rotate)."""
-        return str((await self._send(self._calls.webhook_secret(rotate, tenant_id)))["secret"])
+    webhook_secret = sends_async(Calls.webhook_secret)
 
     usage = sends_async(Calls.usage)

@@ -79,6 +79,10 @@ def chunks(runs: Iterable[Mapping[str, Any]],
         yield part
 
 
+def _secret(response: httpx.Response) -> str:
+    return str(check(response)["secret"])
+
+
 def _steps(response: httpx.Response) -> StepPage:
     data = check(response)
     return StepPage([StepView.from_json(i) for i in data["items"]], data.get("next_cursor"))
@@ -252,9 +256,10 @@ class Calls:
         return Call("GET", f"/v1/runs/{run_id}/webhook", check)
 
     @staticmethod
-    def webhook_secret(rotate: bool, tenant_id: str | None) -> Call[dict[str, Any]]:
+    def webhook_secret(*, rotate: bool = False, tenant_id: str | None = None) -> Call[str]:
+        """The key that signs the tenant's deliveries (a new one with rotate)."""
         return Call("POST" if rotate else "GET",
-                    "/v1/webhook-secret/rotate" if rotate else "/v1/webhook-secret", check,
+                    "/v1/webhook-secret/rotate" if rotate else "/v1/webhook-secret", _secret,
                     params={"tenant_id": tenant_id} if tenant_id else None)
 
     @staticmethod
@@ -302,6 +307,34 @@ class Calls:
     @staticmethod
     def upsert_pool(name: str, settings: Mapping[str, Any]) -> Call[dict[str, Any]]:
         return Call("PUT", f"/v1/pools/{name}", check, json=dict(settings))
+
+
+class Batches:
+    """Submit runs in batches of `chunk` (at most 1,000), one request each,
+    each batch all or nothing; runs in the order given. Each run is a single
+    submit's body as a dict (`input`, `pool`, `labels`, `run_at`, ...) plus
+    its `idempotency_key`: with keys, a retry after a failure submits only
+    what is missing. `on_chunk(n)` is called after each batch with its size."""
+
+    # submit_many of both clients: each sends the calls this yields and hands
+    # their answers to took(); this docstring is theirs.
+
+    def __init__(self, calls: Calls, runs: Iterable[Mapping[str, Any]], chunk: int,
+                 on_chunk: Callable[[int], None] | None) -> None:
+        self.calls, self.runs, self.chunk, self.on_chunk = calls, runs, chunk, on_chunk
+        self.made: builtins.list[RunView] = []
+        self.size = 0
+
+    def __iter__(self) -> Iterator[Call[builtins.list[RunView]]]:
+        """Each batch's call; the client sends it and hands its answer to took()."""
+        for part in chunks(self.runs, self.chunk):
+            self.size = len(part)
+            yield self.calls.submit_batch(part)
+
+    def took(self, batch: builtins.list[RunView]) -> None:
+        self.made += batch
+        if self.on_chunk is not None:
+            self.on_chunk(self.size)
 
 
 class Waiting:

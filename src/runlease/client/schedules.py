@@ -11,26 +11,12 @@ from uuid import UUID
 import httpx
 
 from runlease.client.calls import Call, check, sends, sends_async
+from runlease.core.schedule_fields import ScheduleFields
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleView:
+class ScheduleView(ScheduleFields):
     """A schedule as the API shows it."""
-
-    id: UUID
-    tenant_id: str
-    name: str
-    cron: str
-    timezone: str
-    template: dict[str, Any]
-    overlap: str
-    paused: bool
-    next_tick_at: datetime
-    created_at: datetime
-    updated_at: datetime
-    last_tick_at: datetime | None = None
-    last_run_id: UUID | None = None
-    last_error: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ScheduleView:

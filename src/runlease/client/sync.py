@@ -11,16 +11,7 @@ from uuid import UUID
 import httpx
 
 from runlease.client.actions import SyncActions
-from runlease.client.calls import (
-    MAX_BATCH,
-    Call,
-    Calls,
-    T,
-    Waiting,
-    check,
-    chunks,
-    sends,
-)
+from runlease.client.calls import MAX_BATCH, Batches, Call, Calls, T, Waiting, check, sends
 from runlease.client.errors import ApiError
 from runlease.client.schedules import SyncSchedules
 from runlease.client.sse import Resume, RunEnded, StreamEvent
@@ -51,18 +42,12 @@ class Client(SyncActions, SyncSchedules):
 
     def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
                     on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
-        """Submit runs in batches of `chunk` (at most 1,000), one request each,
-        each batch all or nothing; runs in the order given. Each run is a single
-        submit's body as a dict (`input`, `pool`, `labels`, `run_at`, ...) plus
-        its `idempotency_key`: with keys, a retry after a failure submits only
-        what is missing. `on_chunk(n)` is called after each batch with its size."""
-        made: builtins.list[RunView] = []
-        for part in chunks(runs, chunk):
-            batch: builtins.list[RunView] = self._send(self._calls.submit_batch(part))
-            made += batch
-            if on_chunk is not None:
-                on_chunk(len(part))
-        return made
+        batches = Batches(self._calls, runs, chunk, on_chunk)
+        for call in batches:
+            batches.took(self._send(call))
+        return batches.made
+
+    submit_many.__doc__ = Batches.__doc__
 
     get = sends(Calls.get)
     list = sends(Calls.list)
@@ -116,9 +101,6 @@ class Client(SyncActions, SyncSchedules):
     webhook = sends(Calls.webhook)
     webhook_hosts = sends(Calls.webhook_hosts)
 
-    def webhook_secret(self, *, rotate: bool = False,
-                       tenant_id: str | None = None) -> str:
-        """The key that signs the tenant's deliveries (a new one with rotate)."""
-        return str((self._send(self._calls.webhook_secret(rotate, tenant_id)))["secret"])
+    webhook_secret = sends(Calls.webhook_secret)
 
     usage = sends(Calls.usage)

@@ -1,8 +1,10 @@
 """Named SQL statements, loaded once from `sql/*.sql`.
 
 A file holds statements headed by `-- name: <entity>_<verb>`; the text up to
-the next header is the statement. functions.sql and migrations/ are not
-statements and are read by `migrate` instead.
+the next header is the statement. A `-- part: <name>` header holds a piece of
+SQL that several statements share (parts.sql): a statement says `{{name}}`
+where the part's text goes, so the sent SQL spells it out. functions.sql and
+migrations/ are not statements and are read by `migrate` instead.
 """
 
 from __future__ import annotations
@@ -13,42 +15,60 @@ from importlib import resources
 from types import MappingProxyType
 from typing import LiteralString
 
-_HEADER = re.compile(r"^-- name: ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- (name|part): ([a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+_USE = re.compile(r"\{\{([a-z][a-z0-9_]*)\}\}")
 _NOT_STATEMENTS = frozenset({"functions.sql"})
 
 
-def parse(text: str, source: str) -> dict[str, str]:
-    """Split one .sql file into {name: statement}."""
-    out: dict[str, str] = {}
+def _sections(text: str, source: str) -> dict[str, dict[str, str]]:
+    """{"name": {name: statement}, "part": {name: text}} of one .sql file."""
+    out: dict[str, dict[str, str]] = {"name": {}, "part": {}}
     parts = _HEADER.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+    # parts = [preamble, kind1, name1, body1, kind2, name2, body2, ...]
+    for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
         # Whole-line comments stay in the files, not in what is sent: psycopg
         # caches the parsing of statements up to 4 KiB only, so a long
         # commented statement would be re-parsed at every call.
         code = "\n".join(line for line in body.splitlines()
-                          if not line.lstrip().startswith("--"))
+                         if not line.lstrip().startswith("--"))
         statement = code.strip().rstrip(";").strip()
         if not statement:
-            raise ValueError(f"{source}: statement {name!r} is empty")
-        if name in out:
-            raise ValueError(f"{source}: statement {name!r} is defined twice")
-        out[name] = statement
+            raise ValueError(f"{source}: {kind} {name!r} is empty")
+        if name in out[kind]:
+            raise ValueError(f"{source}: {kind} {name!r} is defined twice")
+        out[kind][name] = statement
     return out
+
+
+def parse(text: str, source: str) -> dict[str, str]:
+    """Split one .sql file into {name: statement} (its parts not filled in)."""
+    return _sections(text, source)["name"]
+
+
+def fill(statement: str, parts: dict[str, str], name: str) -> str:
+    """The statement with each `{{part}}` replaced by the part's text."""
+    def part(use: re.Match[str]) -> str:
+        if use[1] not in parts:
+            raise ValueError(f"statement {name!r} uses the unknown part {use[1]!r}")
+        return parts[use[1]]
+    return _USE.sub(part, statement)
 
 
 @cache
 def statements() -> MappingProxyType[str, str]:
     found: dict[str, str] = {}
+    parts: dict[str, str] = {}
     for entry in sorted(resources.files("runlease.db").joinpath("sql").iterdir(),
                         key=lambda e: e.name):
         if not entry.name.endswith(".sql") or entry.name in _NOT_STATEMENTS:
             continue
-        for name, text in parse(entry.read_text(encoding="utf-8"), entry.name).items():
-            if name in found:
-                raise ValueError(f"statement {name!r} is defined in two files")
-            found[name] = text
-    return MappingProxyType(found)
+        sections = _sections(entry.read_text(encoding="utf-8"), entry.name)
+        for kind, into in (("name", found), ("part", parts)):
+            for name, text in sections[kind].items():
+                if name in into:
+                    raise ValueError(f"{kind} {name!r} is defined in two files")
+                into[name] = text
+    return MappingProxyType({name: fill(text, parts, name) for name, text in found.items()})
 
 
 def sql(name: str) -> LiteralString:

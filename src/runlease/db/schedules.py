@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -23,6 +23,7 @@ from runlease.core import bounds
 from runlease.core.backoff import RetryPolicy
 from runlease.core.cron import Cron
 from runlease.core.ids import uuid7
+from runlease.core.schedule_fields import ScheduleFields
 from runlease.core.states import TERMINAL
 from runlease.db.executor import Conn
 from runlease.db.models import _pick
@@ -47,22 +48,11 @@ class ScheduleNotFound(RunNotFound):
 
 
 @dataclass(frozen=True, slots=True)
-class Schedule:
-    id: UUID
-    tenant_id: str
-    name: str
-    cron: str
-    timezone: str
-    pool: str
-    template: dict[str, Any]
-    overlap: str
-    paused: bool
-    next_tick_at: datetime
-    created_at: datetime
-    updated_at: datetime
-    last_tick_at: datetime | None = None
-    last_run_id: UUID | None = None
-    last_error: str | None = None
+class Schedule(ScheduleFields):
+    """A schedule as stored: the fields the API shows, and the pool of its
+    template (a column, for the pool's schedules)."""
+
+    pool: str = field(kw_only=True)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:

@@ -71,8 +71,9 @@ def owner_reference(owner: dict[str, Any]) -> k.V1OwnerReference:
                               uid=meta["uid"], controller=True, block_owner_deletion=True)
 
 
-def _metadata(spec: PoolSpec, name: str, owner: dict[str, Any]) -> k.V1ObjectMeta:
-    return k.V1ObjectMeta(name=name, namespace=spec.namespace, labels=labels(spec),
+def _metadata(spec: PoolSpec, part: str, owner: dict[str, Any]) -> k.V1ObjectMeta:
+    """The metadata of the pool's `part` (a key of names())."""
+    return k.V1ObjectMeta(name=names(spec)[part], namespace=spec.namespace, labels=labels(spec),
                           owner_references=[owner_reference(owner)])
 
 
@@ -175,9 +176,7 @@ def deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> k.V1Depl
             for c in spec.topology_spread_constraints] or None,
     )
     return k.V1Deployment(
-        api_version="apps/v1",
-        kind="Deployment",
-        metadata=_metadata(spec, names(spec)["deployment"], owner),
+        api_version="apps/v1", kind="Deployment", metadata=_metadata(spec, "deployment", owner),
         spec=k.V1DeploymentSpec(
             replicas=replicas,
             selector=k.V1LabelSelector(match_labels=selector(spec)),
@@ -197,9 +196,7 @@ def deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> k.V1Depl
 
 def service(spec: PoolSpec, owner: dict[str, Any]) -> k.V1Service:
     return k.V1Service(
-        api_version="v1",
-        kind="Service",
-        metadata=_metadata(spec, names(spec)["service"], owner),
+        api_version="v1", kind="Service", metadata=_metadata(spec, "service", owner),
         spec=k.V1ServiceSpec(
             type="ClusterIP",
             selector=selector(spec),
@@ -211,9 +208,7 @@ def service(spec: PoolSpec, owner: dict[str, Any]) -> k.V1Service:
 
 def pdb(spec: PoolSpec, owner: dict[str, Any]) -> k.V1PodDisruptionBudget:
     return k.V1PodDisruptionBudget(
-        api_version="policy/v1",
-        kind="PodDisruptionBudget",
-        metadata=_metadata(spec, names(spec)["pdb"], owner),
+        api_version="policy/v1", kind="PodDisruptionBudget", metadata=_metadata(spec, "pdb", owner),
         spec=k.V1PodDisruptionBudgetSpec(
             # One worker at a time: an evicted worker drains and releases its
             # runs, so evictions are safe, but not all at once.

@@ -155,7 +155,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         name=name, namespace=namespace, pool=pool, image=image, agent=agent,
         database_secret=secret_name, database_key=secret_key,
         listen_secret=listen_secret, listen_key=listen_key,
-        prepared_statements=_database_bool(_mapping(spec, "database"), "preparedStatements"),
+        prepared_statements=_bool(_mapping(spec, "database"), "preparedStatements",
+                                  default=True, where="spec.database"),
         image_pull_policy=policy,
         concurrency_per_worker=_int(spec, "concurrencyPerWorker", 10, 1, 1000),
         replicas_min=_int(spec, "replicas.min", 1, 0, 1000),
@@ -261,13 +262,6 @@ def _listen_secret(database: Mapping[str, Any]) -> tuple[str | None, str]:
                    ref.get("key", "url")))
 
 
-def _database_bool(database: Mapping[str, Any], key: str) -> bool:
-    value = database.get(key, True)
-    if not isinstance(value, bool):
-        raise InvalidSpec(f"spec.database.{key} must be true or false, got {value!r}")
-    return value
-
-
 def _named(where: str, check: Callable[[object], str], value: object) -> str:
     try:
         return check(value)
@@ -285,10 +279,11 @@ def _pull_secrets(spec: Mapping[str, Any]) -> tuple[str, ...]:
                  for i, item in enumerate(_list(spec, "imagePullSecrets")))
 
 
-def _bool(spec: Mapping[str, Any], key: str) -> bool:
-    value = spec.get(key, False)
+def _bool(spec: Mapping[str, Any], key: str, *, default: bool = False,
+          where: str = "spec") -> bool:
+    value = spec.get(key, default)
     if not isinstance(value, bool):
-        raise InvalidSpec(f"spec.{key} must be true or false, got {value!r}")
+        raise InvalidSpec(f"{where}.{key} must be true or false, got {value!r}")
     return value
 
 

@@ -184,15 +184,9 @@ class ToolRunner:
     def grace(self) -> float:
         return 0.0 if self.hard else self.kill_grace_s
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout_s: float | None = None,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        on_output: OnOutput | None = None,
-    ) -> ToolResult:
+    async def run(self, argv: Sequence[str], *, timeout_s: float | None = None,
+                  cwd: str | None = None, env: Mapping[str, str] | None = None,
+                  on_output: OnOutput | None = None) -> ToolResult:
         """on_output(stream name, chunk), if given, sees the output as it is
         printed (it must not block: it runs in the pipe readers)."""
         if not argv:

@@ -9,11 +9,7 @@
 SELECT r.id, r.pool, r.tenant_id,
        (SELECT count(*) FROM agent_runs c WHERE c.parent_run_id = r.id) AS children
   FROM agent_runs r
- WHERE r.id = %(id)s
-   AND r.lease_epoch = %(epoch)s
-   AND r.locked_by = %(worker)s
-   AND (r.status = 'leased') IS TRUE
-   AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+ WHERE {{lease_held}}
    FOR SHARE;
 
 
@@ -61,9 +57,7 @@ SELECT * FROM agent_runs
 -- while any child is unfinished, so it holds no worker slot and the claim's
 -- promotion never reads it; due at once if none is (a child finished
 -- meanwhile); cancelled if its cancel was requested.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), open AS (
+WITH {{clock}}, open AS (
     SELECT EXISTS (SELECT 1 FROM agent_runs c
                     WHERE c.parent_run_id = %(id)s
                       AND c.status IN ('pending', 'leased')) AS waiting
@@ -81,31 +75,25 @@ WITH clock AS (
            locked_by = NULL, locked_until = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock, open
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.status, r.event_seq, r.awaiting_children
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
     SELECT upd.id, upd.event_seq,
-           CASE upd.status WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.waiting' END,
-           '{}'::jsonb, clock.ts
+           CASE upd.status WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.waiting' END, '{}'::jsonb,
+           clock.ts
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s,
                                    array(SELECT upd.pool FROM upd WHERE upd.status = 'pending')) AS n
-)
-SELECT upd.id, upd.status, upd.awaiting_children FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id, upd.status, upd.awaiting_children FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_children_wake
 -- Parents whose children have all finished become due (the next claim
 -- promotes them), a bounded batch; run by the reaper's leader.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), due AS (
+WITH {{clock}}, due AS (
     SELECT w.id FROM agent_runs w
      WHERE w.awaiting_children AND w.status = 'pending'
        AND NOT EXISTS (SELECT 1 FROM agent_runs c
@@ -126,8 +114,8 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-)
-SELECT upd.id FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_descendants_open

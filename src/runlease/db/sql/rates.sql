@@ -18,9 +18,7 @@ SELECT t.submits_per_minute,
 -- pool submitted in the last minute (through the tenant's index, from an id
 -- floor: run ids are time-ordered), and when enough of them leave the minute
 -- for `n` more to fit under the rate.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), w AS (
+WITH {{clock}}, w AS (
     SELECT r.created_at
       FROM agent_run_tenant_index t
       JOIN agent_runs r ON r.id = t.run_id, clock

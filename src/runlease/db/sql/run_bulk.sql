@@ -31,18 +31,10 @@ SELECT r.id
 -- name: run_bulk_cancel
 -- The Stop of run_request_cancel for a batch of ids: pending ones are
 -- cancelled at once, leased ones get the request (their workers are told).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
-       SET status = CASE r.status WHEN 'pending' THEN 'cancelled' ELSE r.status END,
-           finished_at = CASE r.status WHEN 'pending' THEN clock.ts ELSE r.finished_at END,
-           cancel_requested_at = coalesce(r.cancel_requested_at, clock.ts),
-           event_seq = r.event_seq + 1, updated_at = clock.ts
-      FROM clock
-     WHERE r.id = ANY (%(ids)s::uuid[])
-       AND r.status IN ('pending', 'leased')
-       AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
+       SET {{cancel_request}}
+       AND r.id = ANY (%(ids)s::uuid[])
     RETURNING r.id, r.status, r.event_seq
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -52,15 +44,13 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
-)
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_bulk_redrive
 -- run_redrive for a batch of ids: dead runs back to pending, attempts reset.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET status = 'pending', attempts = 0, finished_at = NULL, available_at = clock.ts,
            delayed = false, error_code = NULL, error_message = NULL,
@@ -77,16 +67,14 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-)
-SELECT upd.id, upd.status FROM upd CROSS JOIN notify;
+), {{events_notify}}
+SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_reprioritize
 -- A pending run's new priority, within the tenant's band in its pool (the
 -- store explains a missing row: not found, not pending, or outside the band).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), was AS (
+WITH {{clock}}, was AS (
     SELECT r.id, r.priority FROM agent_runs r WHERE r.id = %(id)s
 ), upd AS (
     UPDATE agent_runs r
@@ -107,5 +95,5 @@ WITH clock AS (
            jsonb_build_object('from', upd.was_priority, 'to', upd.priority, 'by', %(by)s::text),
            clock.ts
       FROM upd, clock
-)
-SELECT upd.* FROM upd;
+), {{events_notify}}
+SELECT upd.* FROM upd CROSS JOIN events_notify;

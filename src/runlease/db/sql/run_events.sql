@@ -6,16 +6,10 @@
 -- bumped in the same statement: that row lock orders concurrent writers, so
 -- seq values become visible in order and a reader resuming after seq N never
 -- misses one. NOTIFY carries ids only: "<run id>:<last seq>".
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET event_seq = r.event_seq + cardinality(%(kinds)s::text[])
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+     WHERE {{lease_held}}
     RETURNING r.id, r.event_seq
 ), ins AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)

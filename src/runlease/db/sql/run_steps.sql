@@ -8,11 +8,7 @@
 WITH fence AS (
     SELECT r.id, r.lease_epoch, r.attempts
       FROM agent_runs r
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+     WHERE {{lease_held}}
        FOR SHARE
 ), ins AS (
     INSERT INTO agent_run_steps (run_id, step_key, result, lease_epoch, attempt, created_at)

@@ -6,6 +6,7 @@
 -- and need the lease unexpired by the database clock: a write that arrives
 -- late (a statement stuck on a cut network, a worker whose loop stalled)
 -- never lands on an expired lease, reaped yet or not.
+-- A single run's fence is written once, the part {{lease_held}} (parts.sql).
 -- The status test is written `(r.status = 'leased') IS TRUE` (the same for a
 -- NOT NULL column): the planner cannot prove from it the predicate of
 -- agent_runs_leased_idx, so it cannot choose that index. Statistics taken
@@ -28,9 +29,7 @@
 -- when the input is the same and no row when it differs.
 -- A run for later (run_at / delay_s, by the database clock) is inserted
 -- delayed: out of the claim's indexes until runlease_claim promotes it.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), input AS (
+WITH {{clock}}, input AS (
     SELECT i.*,
            greatest(coalesce(i.run_at, clock.ts + make_interval(secs => i.delay_s), clock.ts),
                     clock.ts) AS due
@@ -40,12 +39,19 @@ WITH clock AS (
                  idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8,
                  backoff_base_s integer, backoff_cap_s integer, non_retryable_codes text[]),
            clock
-), lanes AS (
+), lanes AS MATERIALIZED (
+    -- MATERIALIZED: once per (pool, tenant) of the batch. Inlined, the
+    -- planner evaluated these subqueries once per inserted row, and a batch
+    -- of 1,000 read its tenant's whole pending line 1,000 times (seconds,
+    -- growing with the line: the bulk stalls of docs/benchmarks.md).
+    -- ORDER BY ... LIMIT 1, not max(): one descent of
+    -- agent_runs_pending_tenant_idx whatever the statistics say.
     SELECT l.pool, l.tenant_id,
            greatest(
-               (SELECT max(r.fair_seq) + 1 FROM agent_runs r
+               (SELECT r.fair_seq + 1 FROM agent_runs r
                  WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
-                   AND r.tenant_id = l.tenant_id),
+                   AND r.tenant_id = l.tenant_id
+                 ORDER BY r.fair_seq DESC LIMIT 1),
                coalesce(
                    (SELECT r.fair_seq FROM agent_runs r, clock
                      WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
@@ -131,15 +137,18 @@ SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locke
 -- earliest, if they differ), the runs whose cancel was requested, and, only
 -- when some were not renewed, the ids of those (their leases are lost).
 -- Given the worker's pool, its registry row is renewed in the same statement
--- (inserted again if the reaper deleted it while the worker was away).
+-- (inserted again if the reaper deleted it while the worker was away), with
+-- the stale writes the worker saw since its last beat added to its count.
+-- The ids and epochs travel in binary: as text, formatting them cost the
+-- client and parsing them the server about a microsecond each per lease.
 WITH upd AS (
     UPDATE agent_runs r
        SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => coalesce(
                %(lease_s)s::integer,
                (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = r.pool)))
-     WHERE r.id = ANY (%(ids)s::uuid[])
-       AND r.lease_epoch = ((SELECT jsonb_object(%(ids)s::uuid[]::text[],
-                                                 %(epochs)s::bigint[]::text[]))
+     WHERE r.id = ANY (%(ids)b::uuid[])
+       AND r.lease_epoch = ((SELECT jsonb_object(%(ids)b::uuid[]::text[],
+                                                 %(epochs)b::bigint[]::text[]))
                             ->> r.id::text)::bigint
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
@@ -147,23 +156,26 @@ WITH upd AS (
     RETURNING r.id, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested
 ), registry AS (
     INSERT INTO agent_run_workers AS w
-           (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at)
+           (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at,
+            stale_writes)
     SELECT %(worker)s, %(pool)s::text, %(version)s::text, %(concurrency)s::integer,
            (SELECT count(*) FROM upd), clock.ts, clock.ts,
            clock.ts + make_interval(secs => coalesce(
                %(lease_s)s::integer,
                (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = %(pool)s::text),
-               45))
+               45)),
+           %(stale_writes)s::bigint
       FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS ts) clock
      WHERE %(pool)s::text IS NOT NULL
         ON CONFLICT (id) DO UPDATE
        SET runs_held = excluded.runs_held, heartbeat_at = excluded.heartbeat_at,
-           expires_at = excluded.expires_at
+           expires_at = excluded.expires_at,
+           stale_writes = w.stale_writes + excluded.stale_writes
 )
 SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
        array_agg(upd.id) FILTER (WHERE upd.cancel_requested) AS cancel_requested,
-       CASE WHEN count(*) < cardinality(%(ids)s::uuid[]) THEN
-           (SELECT array_agg(h.id) FROM unnest(%(ids)s::uuid[]) AS h (id)
+       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN
+           (SELECT array_agg(h.id) FROM unnest(%(ids)b::uuid[]) AS h (id)
              WHERE h.id NOT IN (SELECT upd.id FROM upd)) END AS lost
   FROM upd;
 
@@ -204,9 +216,7 @@ SELECT upd.id FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 -- attempts reach max_attempts, or at once when the error code is one of the
 -- run's non_retryable_codes; cancelled if a cancel was requested meanwhile
 -- (a cancelled run is never retried).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET status = CASE WHEN r.cancel_requested_at IS NOT NULL THEN 'cancelled'
                          WHEN r.attempts < r.max_attempts
@@ -239,11 +249,7 @@ WITH clock AS (
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.status, r.attempts, r.max_attempts, r.available_at, r.event_seq,
               r.error_code, r.error_message
 ), ev AS (
@@ -258,27 +264,19 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-), events_notify AS (
-    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
-)
+), {{events_notify}}
 SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_fail
 -- A fatal failure: dead at once, whatever attempts remain.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET status = 'dead', finished_at = clock.ts, locked_by = NULL, locked_until = NULL,
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.status, r.attempts, r.event_seq, r.error_code, r.error_message
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -289,18 +287,14 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-), events_notify AS (
-    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
-)
+), {{events_notify}}
 SELECT id, status, attempts FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_release
 -- Drain: hand runs back at once without charging the attempt (a clean
 -- shutdown is not a failure). A run whose cancel was requested ends cancelled.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
            attempts = CASE WHEN r.cancel_requested_at IS NULL THEN r.attempts - 1
@@ -325,9 +319,7 @@ WITH clock AS (
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s,
                                    array(SELECT upd.pool FROM upd WHERE upd.status = 'pending')) AS n
-), events_notify AS (
-    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
-)
+), {{events_notify}}
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
@@ -335,18 +327,10 @@ SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 -- The user's Stop. One UPDATE whose CASE is evaluated on the latest row
 -- version: if a claim commits while this waits for the row, the run is seen
 -- as leased and gets the request, instead of the request being lost.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
-       SET status = CASE r.status WHEN 'pending' THEN 'cancelled' ELSE r.status END,
-           finished_at = CASE r.status WHEN 'pending' THEN clock.ts ELSE r.finished_at END,
-           cancel_requested_at = coalesce(r.cancel_requested_at, clock.ts),
-           event_seq = r.event_seq + 1, updated_at = clock.ts
-      FROM clock
-     WHERE r.id = %(id)s
-       AND r.status IN ('pending', 'leased')
-       AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
+       SET {{cancel_request}}
+       AND r.id = %(id)s
     RETURNING r.id, r.status, r.event_seq
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -356,26 +340,18 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
-), events_notify AS (
-    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
-)
+), {{events_notify}}
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_finalize_cancel
 -- The worker stopped the run after seeing the request.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET status = 'cancelled', finished_at = clock.ts, locked_by = NULL, locked_until = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
        AND r.cancel_requested_at IS NOT NULL
     RETURNING r.id, r.pool, r.event_seq, r.attempts, r.cancel_requested_at
 ), ev AS (
@@ -385,9 +361,7 @@ WITH clock AS (
       FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-), events_notify AS (
-    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
-)
+), {{events_notify}}
 -- The Stop's whole latency, by the database clock: request to cancelled.
 SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS latency_s
   FROM upd, clock CROSS JOIN notify CROSS JOIN events_notify;
@@ -403,9 +377,7 @@ SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS
 -- registry row expired or is missing, and only their leases; plus the ids
 -- given, candidates the reaper's slow sweep (run_lease_sweep) found among
 -- live workers' leases. Every candidate is re-checked by primary key.
-WITH RECURSIVE clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), holders AS (
+WITH RECURSIVE {{clock}}, holders AS (
     (SELECT r.locked_by FROM agent_runs r
       WHERE r.status = 'leased'
       ORDER BY r.locked_by LIMIT 1)
@@ -464,11 +436,18 @@ WITH RECURSIVE clock AS (
     SELECT upd.id, upd.event_seq, 'run.lease_expired',
            jsonb_build_object('attempt', upd.attempts, 'status', upd.status), clock.ts
       FROM upd, clock
+), health AS (
+    -- The console's lease expiries of the last hour (agent_run_pool_health).
+    INSERT INTO agent_run_pool_health AS h (pool, minute, lease_expiries)
+    SELECT upd.pool, date_trunc('minute', clock.ts), count(*)
+      FROM upd, clock
+     GROUP BY 1, 2
+     ORDER BY 1  -- one lock order, should two leaders overlap
+        ON CONFLICT (pool, minute)
+        DO UPDATE SET lease_expiries = h.lease_expiries + excluded.lease_expiries
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-), events_notify AS (
-    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
-)
+), {{events_notify}}
 SELECT upd.id, upd.pool, upd.tenant_id, upd.status
   FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
@@ -489,9 +468,7 @@ SELECT r.locked_by, r.id, r.locked_until < coalesce(%(now)s::timestamptz, now())
 
 -- name: run_redrive
 -- Operations: a dead run goes back to pending with its attempts reset.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET status = 'pending', attempts = 0, finished_at = NULL, available_at = clock.ts,
            error_code = NULL, error_message = NULL, cancel_requested_at = NULL,
@@ -506,9 +483,7 @@ WITH clock AS (
     SELECT upd.id, upd.event_seq, 'run.redriven', '{}'::jsonb, clock.ts FROM upd, clock
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
-), events_notify AS (
-    SELECT runlease_notify_events(array_agg(upd.id), array_agg(upd.event_seq)) AS n FROM upd
-)
+), {{events_notify}}
 SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
@@ -560,32 +535,9 @@ WITH RECURSIVE cutoff AS (
              ORDER BY r.pool LIMIT 1)
       FROM pools p
      WHERE p.pool IS NOT NULL
-), doomed AS (
-    SELECT d.id
-      FROM pools p, cutoff
-     CROSS JOIN LATERAL (
-            SELECT r.id FROM agent_runs r
-             WHERE r.pool = p.pool AND r.finished_at IS NOT NULL
-               AND r.finished_at < cutoff.ts
-             ORDER BY r.finished_at
-             LIMIT %(batch)s
-               FOR UPDATE OF r SKIP LOCKED
-           ) d
-     WHERE p.pool IS NOT NULL
-     LIMIT %(batch)s
-), deleted AS (
-    -- By primary key, whatever the planner guesses of the batch's size.
-    DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
-    RETURNING r.id, r.tenant_id, r.labels
-), unindexed AS (
-    DELETE FROM agent_run_tenant_index t USING deleted
-     WHERE t.tenant_id = deleted.tenant_id AND t.run_id = deleted.id
-), unlabelled AS (
-    DELETE FROM agent_run_labels l
-     USING deleted CROSS JOIN LATERAL jsonb_each_text(deleted.labels) d
-     WHERE l.tenant_id = deleted.tenant_id AND l.key = d.key AND l.value = d.value
-       AND l.run_id = deleted.id
-)
+), targets AS (
+    SELECT p.pool, cutoff.ts AS cutoff FROM pools p, cutoff WHERE p.pool IS NOT NULL
+), {{delete_doomed}}
 SELECT id FROM deleted;
 
 
@@ -595,35 +547,9 @@ SELECT id FROM deleted;
 -- cascade, in one bounded batch across pools. Each pool's oldest finished
 -- runs come from agent_runs_finished_idx: only what is deleted is read,
 -- never live runs (however old their ids).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), pools AS (
-    SELECT p.name, clock.ts - make_interval(secs => p.retention_s) AS cutoff
+WITH {{clock}}, targets AS (
+    SELECT p.name AS pool, clock.ts - make_interval(secs => p.retention_s) AS cutoff
       FROM agent_run_pools p, clock
      WHERE p.retention_s > 0
-), doomed AS (
-    SELECT d.id
-      FROM pools
-     CROSS JOIN LATERAL (
-            SELECT r.id FROM agent_runs r
-             WHERE r.pool = pools.name AND r.finished_at IS NOT NULL
-               AND r.finished_at < pools.cutoff
-             ORDER BY r.finished_at
-             LIMIT %(batch)s
-               FOR UPDATE OF r SKIP LOCKED
-           ) d
-     LIMIT %(batch)s
-), deleted AS (
-    -- By primary key, whatever the planner guesses of the batch's size.
-    DELETE FROM agent_runs r WHERE r.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
-    RETURNING r.id, r.pool, r.tenant_id, r.labels
-), unindexed AS (
-    DELETE FROM agent_run_tenant_index t USING deleted
-     WHERE t.tenant_id = deleted.tenant_id AND t.run_id = deleted.id
-), unlabelled AS (
-    DELETE FROM agent_run_labels l
-     USING deleted CROSS JOIN LATERAL jsonb_each_text(deleted.labels) d
-     WHERE l.tenant_id = deleted.tenant_id AND l.key = d.key AND l.value = d.value
-       AND l.run_id = deleted.id
-)
+), {{delete_doomed}}
 SELECT id, pool FROM deleted;

@@ -16,9 +16,7 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 
 -- name: schedule_create
 -- At most %(max)s schedules per tenant (after schedule_lock_tenant).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-)
+WITH {{clock}}
 INSERT INTO agent_run_schedules AS s
        (id, tenant_id, name, cron, timezone, pool, template, overlap, paused, next_tick_at,
         created_at, updated_at)
@@ -55,9 +53,7 @@ SELECT * FROM agent_run_schedules
 -- name: schedule_set_paused
 -- Pause or resume. Resuming starts from the next tick after now: the ticks
 -- of the paused time are not caught up.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-)
+WITH {{clock}}
 UPDATE agent_run_schedules s
    SET paused = %(paused)s,
        next_tick_at = CASE WHEN s.paused AND NOT %(paused)s THEN %(next_tick_at)s

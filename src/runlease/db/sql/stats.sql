@@ -9,9 +9,7 @@
 -- agent_runs_leased_idx (bounded by what is in flight); runs in backoff whose
 -- time has come but that no claim has promoted yet from agent_runs_delayed_idx;
 -- the oldest wait from the head of agent_runs_ready_idx.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), counted AS (
+WITH {{clock}}, counted AS (
     SELECT c.tenant_id, c.state, c.n FROM agent_run_counts c
      WHERE c.pool = %(pool)s AND c.state IN ('pending', 'delayed')
     UNION ALL
@@ -29,12 +27,7 @@ WITH clock AS (
      WHERE r.pool = %(pool)s AND r.status = 'pending' AND r.delayed
        AND r.available_at <= clock.ts
      GROUP BY r.tenant_id
-), leased AS (
-    SELECT r.tenant_id, count(*) AS n
-      FROM agent_runs r
-     WHERE r.pool = %(pool)s AND r.status = 'leased'
-     GROUP BY r.tenant_id
-), oldest AS (
+), {{pool_leased}}, oldest AS (
     SELECT least((SELECT r.available_at FROM agent_runs r
                    WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
                    ORDER BY r.available_at LIMIT 1),
@@ -132,9 +125,7 @@ SELECT count(*) AS n
 -- 2. A paused pool, or one without a row, has none. The autoscaler sizes
 -- the pool by this. Ready runs come from the maintained counts (see
 -- pool_queue_stats), leased ones from agent_runs_leased_idx.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), ready AS (
+WITH {{clock}}, ready AS (
     SELECT c.tenant_id, sum(c.n) AS n
       FROM (SELECT k.tenant_id, k.n FROM agent_run_counts k
              WHERE k.pool = %(pool)s AND k.state = 'pending'
@@ -146,12 +137,7 @@ WITH clock AS (
              WHERE r.pool = %(pool)s AND r.status = 'pending' AND r.delayed
                AND r.available_at <= clock.ts) c
      GROUP BY c.tenant_id
-), leased AS (
-    SELECT r.tenant_id, count(*) AS n
-      FROM agent_runs r
-     WHERE r.pool = %(pool)s AND r.status = 'leased'
-     GROUP BY r.tenant_id
-)
+), {{pool_leased}}
 SELECT coalesce(sum(CASE WHEN coalesce(t.max_in_flight, p.default_max_in_flight) IS NULL
                          THEN q.n
                          ELSE least(q.n, greatest(coalesce(t.max_in_flight,

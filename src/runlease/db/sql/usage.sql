@@ -6,9 +6,7 @@
 -- Add to a run's usage, fenced by its lease like every worker write, and log
 -- tokens and cost (the tenant's token rate, the daily rollup). The columns
 -- are in no index, so the update stays HOT. No row: the lease is gone.
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), upd AS (
+WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET input_tokens = r.input_tokens + %(input_tokens)s::bigint,
            output_tokens = r.output_tokens + %(output_tokens)s::bigint,
@@ -17,11 +15,7 @@ WITH clock AS (
            turns_used = greatest(r.turns_used, %(turns)s::integer),
            tool_calls_used = greatest(r.tool_calls_used, %(tool_calls)s::integer)
       FROM clock
-     WHERE r.id = %(id)s
-       AND r.lease_epoch = %(epoch)s
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+     WHERE {{lease_held}}
     RETURNING r.id, r.pool, r.tenant_id, r.input_tokens, r.output_tokens, r.cost,
               r.turns_used, r.tool_calls_used
 ), log AS (

@@ -50,9 +50,7 @@ SELECT w.run_id, w.url, w.state, w.tries, w.next_at, w.delivered_at, w.attempts
 -- Deliveries due whose run has finished, a bounded batch, each put out of
 -- reach for lease_s (so no row lock is held during the POST, and a leader
 -- that dies mid-delivery only delays it).
-WITH clock AS (
-    SELECT coalesce(%(now)s::timestamptz, now()) AS ts
-), due AS (
+WITH {{clock}}, due AS (
     SELECT w.run_id
       FROM agent_run_webhooks w
       JOIN agent_runs r ON r.id = w.run_id, clock
