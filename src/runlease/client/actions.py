@@ -10,7 +10,7 @@ from uuid import UUID
 
 import httpx
 
-from runlease.client.calls import Call, check, sends, sends_async
+from runlease.client.calls import Call, check, sends
 from runlease.client.views import RunView
 
 
@@ -57,7 +57,7 @@ def _run(response: httpx.Response) -> RunView:
 
 
 class ActionCalls:
-    """The calls, declared once; SyncActions and AsyncActions send them."""
+    """The calls, declared once; Actions sends them."""
 
     @staticmethod
     def bulk(action: str, ids: Sequence[UUID | str] | None, status: Sequence[str] | None,
@@ -89,13 +89,7 @@ class ActionCalls:
         return Call("PATCH", f"/v1/runs/{run_id}", _run, json={"priority": priority})
 
 
-class SyncActions:
+class Actions:
     bulk_cancel = sends(ActionCalls.bulk_cancel)
     bulk_redrive = sends(ActionCalls.bulk_redrive)
     reprioritize = sends(ActionCalls.reprioritize)
-
-
-class AsyncActions:
-    bulk_cancel = sends_async(ActionCalls.bulk_cancel)
-    bulk_redrive = sends_async(ActionCalls.bulk_redrive)
-    reprioritize = sends_async(ActionCalls.reprioritize)

@@ -10,7 +10,7 @@ from uuid import UUID
 
 import httpx
 
-from runlease.client.calls import Call, check, sends, sends_async
+from runlease.client.calls import Call, check, sends
 from runlease.core.schedule_fields import ScheduleFields
 
 
@@ -66,7 +66,7 @@ def _nothing(response: httpx.Response) -> None:
 
 
 class ScheduleCalls:
-    """The calls, declared once; SyncSchedules and AsyncSchedules send them."""
+    """The calls, declared once; Schedules sends them."""
 
     @staticmethod
     def create_schedule(name: str, cron: str, template: Mapping[str, Any], *,
@@ -98,19 +98,10 @@ class ScheduleCalls:
         return Call("DELETE", f"/v1/schedules/{schedule_id}", _nothing)
 
 
-class SyncSchedules:
+class Schedules:
     create_schedule = sends(ScheduleCalls.create_schedule)
     schedules = sends(ScheduleCalls.schedules)
     schedule = sends(ScheduleCalls.schedule)
     pause_schedule = sends(ScheduleCalls.pause_schedule)
     resume_schedule = sends(ScheduleCalls.resume_schedule)
     delete_schedule = sends(ScheduleCalls.delete_schedule)
-
-
-class AsyncSchedules:
-    create_schedule = sends_async(ScheduleCalls.create_schedule)
-    schedules = sends_async(ScheduleCalls.schedules)
-    schedule = sends_async(ScheduleCalls.schedule)
-    pause_schedule = sends_async(ScheduleCalls.pause_schedule)
-    resume_schedule = sends_async(ScheduleCalls.resume_schedule)
-    delete_schedule = sends_async(ScheduleCalls.delete_schedule)
