@@ -10,9 +10,14 @@ listing over a million runs, and SSE fan-out latency.
   comes from a bare HTTP/1.1 client (prebuilt requests on asyncio streams):
   httpx would spend more CPU than the server on this 2-core machine.
 - bulk: POST /v1/runs/batch with 1,000 runs a request from 4 connections.
+- Both print the CPU the API process and this client spent per run: the
+  API's runs/s on this shared 2-core machine is its share of the cores over
+  its CPU per run, so that figure says more than runs/s when the load moves.
 - list: --list-runs runs (default 1,000,000) written straight into the
   tables (200 tenants, labels, mostly finished), then GET /v1/runs with one
-  filter set after another, from 4 connections: latency p50/p99.
+  filter set after another, from 4 connections: latency p50/p99, and the CPU
+  the load generator and the API process spent meanwhile (they share the
+  machine's cores with PostgreSQL), with the load average before and after.
 - The targets (issue 15), printed in `targets`: single submits >= 1,000
   runs/s at 32 clients, bulk >= 20,000 runs/s, list p99 < 50 ms.
 - fan-out: S subscribers follow one busy run's event stream while a writer
@@ -27,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -49,6 +55,24 @@ from runlease.db.models import Pool
 from runlease.db.store import RunStore
 
 TOKEN = "bench-tenant-token-0123456789"
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of a process so far; None: this one."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_run(pid: int | None, before: tuple[float, float], runs: int) -> dict[str, float]:
+    """The API's and this client's CPU per run since `before`: the API's
+    throughput here is its share of two loaded cores over this figure."""
+    if pid is None:
+        return {}
+    return {"api_cpu_us_per_run": round((cpu_s(pid) - before[0]) / runs * 1e6),
+            "client_cpu_us_per_run": round((cpu_s() - before[1]) / runs * 1e6)}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -106,7 +130,8 @@ class RawHttp:
             self.writer.close()
 
 
-async def submit_load(base: str, n: int, concurrency: int) -> dict[str, Any]:
+async def submit_load(base: str, n: int, concurrency: int,
+                      api_pid: int | None = None) -> dict[str, Any]:
     host, port = base.removeprefix("http://").split(":")
     latencies: list[float] = []
     next_i = iter(range(n))
@@ -124,15 +149,17 @@ async def submit_load(base: str, n: int, concurrency: int) -> dict[str, Any]:
         finally:
             http.close()
 
+    cpu0 = (cpu_s(api_pid) if api_pid else 0.0, cpu_s())
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
     return {"runs": n, "concurrency": concurrency, "runs_per_s": n / elapsed,
-            "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000}
+            "p50_ms": pct(latencies, 0.5) * 1000, "p99_ms": pct(latencies, 0.99) * 1000,
+            **cpu_per_run(api_pid, cpu0, n)}
 
 
 async def bulk_load(base: str, batches: int, size: int = 1000,
-                    concurrency: int = 4) -> dict[str, Any]:
+                    concurrency: int = 4, api_pid: int | None = None) -> dict[str, Any]:
     host, port = base.removeprefix("http://").split(":")
     bodies = [json.dumps({"runs": [{"input": {"batch": b, "i": i},
                                     "labels": {"suite": "bench", "batch": str(b)}}
@@ -152,12 +179,13 @@ async def bulk_load(base: str, batches: int, size: int = 1000,
         finally:
             http.close()
 
+    cpu0 = (cpu_s(api_pid) if api_pid else 0.0, cpu_s())
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
     return {"runs": batches * size, "batch": size, "concurrency": concurrency,
             "runs_per_s": batches * size / elapsed, "p50_ms": pct(latencies, 0.5) * 1000,
-            "p99_ms": pct(latencies, 0.99) * 1000}
+            "p99_ms": pct(latencies, 0.99) * 1000, **cpu_per_run(api_pid, cpu0, batches * size)}
 
 
 LIST_TENANTS = 200
@@ -255,11 +283,27 @@ async def list_load(base: str, n: int, rounds: int, concurrency: int = 4) -> dic
         finally:
             http.close()
 
+    # What the load itself costs this machine (the client shares its 2 cores
+    # with the API and PostgreSQL): this process's CPU over the same span.
+    load_before, cpu_before, started = os.getloadavg()[0], time.process_time(), \
+        time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
     everything = [x for v in by_name.values() for x in v]
     return {"runs": n, "requests": len(everything), "concurrency": concurrency,
             "p50_ms": pct(everything, 0.5) * 1000, "p99_ms": pct(everything, 0.99) * 1000,
-            "by_filter_p99_ms": {k: pct(v, 0.99) * 1000 for k, v in by_name.items()}}
+            "by_filter_p99_ms": {k: pct(v, 0.99) * 1000 for k, v in by_name.items()},
+            "wall_s": wall, "client_cpu_s": time.process_time() - cpu_before,
+            "load_avg": [load_before, os.getloadavg()[0]]}
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def fan_out(base: str, url: str, subscribers: int, events: int,
@@ -321,14 +365,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await wait_ready(base)
             await submit_load(base, 500, 32)  # warm: connections, prepared statements
             concurrencies = (32,) if args.quick else (1, 8, 32)
-            figures["submit"] = [await submit_load(base, args.submits, c)
+            figures["submit"] = [await submit_load(base, args.submits, c, api.pid)
                                  for c in concurrencies]
-            figures["bulk"] = await bulk_load(base, args.batches)
+            figures["bulk"] = await bulk_load(base, args.batches, api_pid=api.pid)
+            figures["load_average"] = os.getloadavg()
             if not args.quick:
                 figures["fan_out"] = await fan_out(base, url, args.subscribers, args.events,
                                                    args.rate)
             figures["list_load_s"] = load_runs(url, args.list_runs)
+            api_cpu = process_cpu_s(api.pid)
             figures["list"] = await list_load(base, args.list_runs, args.list_rounds)
+            if api_cpu is not None:
+                figures["list"]["api_cpu_s"] = (process_cpu_s(api.pid) or 0) - api_cpu
         finally:
             os.killpg(api.pid, signal.SIGTERM)
             try:
@@ -376,19 +424,26 @@ def main() -> None:
         emit_json(figures)
         return
     print("\nsubmit: POST /v1/runs through `runlease api` (one process), durable PostgreSQL\n")
-    print_table(["connections", "runs/s", "p50 ms", "p99 ms"],
-                [[s["concurrency"], s["runs_per_s"], s["p50_ms"], s["p99_ms"]]
+    print_table(["connections", "runs/s", "p50 ms", "p99 ms", "API CPU us/run",
+                 "client CPU us/run"],
+                [[s["concurrency"], s["runs_per_s"], s["p50_ms"], s["p99_ms"],
+                  s["api_cpu_us_per_run"], s["client_cpu_us_per_run"]]
                  for s in figures["submit"]])
     bulk = figures["bulk"]
     print(f"\nbulk: POST /v1/runs/batch, {bulk['batch']} runs a request, "
           f"{bulk['concurrency']} connections\n")
-    print_table(["runs", "runs/s", "p50 ms", "p99 ms"],
-                [[bulk["runs"], bulk["runs_per_s"], bulk["p50_ms"], bulk["p99_ms"]]])
+    print_table(["runs", "runs/s", "p50 ms", "p99 ms", "API CPU us/run", "client CPU us/run"],
+                [[bulk["runs"], bulk["runs_per_s"], bulk["p50_ms"], bulk["p99_ms"],
+                  bulk["api_cpu_us_per_run"], bulk["client_cpu_us_per_run"]]])
     listing = figures["list"]
     print(f"\nlist: GET /v1/runs with filters over {listing['runs']:,} runs "
           f"(loaded in {figures['list_load_s']:.0f} s), {listing['concurrency']} connections\n")
     print_table(["filter", "p99 ms"], [[k, v] for k, v in listing["by_filter_p99_ms"].items()]
                 + [["all", listing["p99_ms"]]])
+    print(f"CPU over the list load's {listing['wall_s']:.1f} s: the load generator "
+          f"{listing['client_cpu_s']:.1f} s, the API process "
+          f"{listing.get('api_cpu_s', float('nan')):.1f} s; load average "
+          f"{listing['load_avg'][0]:.1f} -> {listing['load_avg'][1]:.1f}")
     if "fan_out" in figures:
         fan = figures["fan_out"]
         print(f"\nSSE fan-out: {fan['subscribers']} subscribers on one run, {fan['events']} "

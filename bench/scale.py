@@ -266,7 +266,8 @@ def heartbeat_curve(db: str, held: list[Any], plan_mode: str) -> dict[int, list[
                 break
             curve[n] = timings(conn, "run_heartbeat", {
                 "worker": "hb-0", "ids": held[:n], "epochs": [1] * n, "lease_s": 3600,
-                "now": None, "pool": "work", "version": "bench", "concurrency": n},
+                "now": None, "pool": "work", "version": "bench", "concurrency": n,
+                "stale_writes": 0},
                 reps=HEARTBEATS, commit=True)
     return curve
 

@@ -228,7 +228,7 @@ def test_watch_cancel_and_redrive_in_a_real_browser(stack: ApiProcess, browser: 
     wait(driver, "the redrive notice", lambda d: "Redriven" in d.page_source)
     wait(driver, "the redriven run to end done", lambda d: status_of(d) == "done")
     wait(driver, "the redrive in the attempts", lambda d: "redriven" in str(d.execute_script(
-        "return document.querySelector('table.attempts').textContent;")))
+        "return document.querySelector('table.lifecycle').textContent;")))
 
     # The admin's pages: every tenant's runs, pools and workers.
     busy = submit(api, "acme", {"input": {"steps": [{"sleep": 600}]}})

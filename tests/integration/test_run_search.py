@@ -53,6 +53,64 @@ async def test_labels_are_shown_and_filter_runs(api: Api) -> None:
         assert await ids(acme) == [c["id"], b["id"], a["id"]]
 
 
+async def test_several_labels_find_the_runs_with_all_of_them(api: Api) -> None:
+    """Each label after the first is joined from its own index range: the
+    runs with every label, newest first, paged, the tenant's own only."""
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme, \
+            httpx.AsyncClient(base_url=api.url, headers=api.headers("globex")) as globex, \
+            httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as admin:
+        both = [await submit(acme, {"input": {"i": i}, "labels": {"team": "a", "env": "prod",
+                                                                   "case": str(i % 2)}})
+                for i in range(5)]
+        await submit(acme, {"input": {}, "labels": {"team": "a", "env": "dev"}})
+        await submit(acme, {"input": {}, "labels": {"env": "prod"}})
+        theirs = await submit(globex, {"input": {}, "labels": {"team": "a", "env": "prod"}})
+        newest_first = [r["id"] for r in reversed(both)]
+
+        assert await ids(acme, label=["team:a", "env:prod"]) == newest_first
+        assert await ids(acme, label=["env:prod", "team:a"]) == newest_first
+        assert await ids(acme, label=["team:a", "env:prod", "case:1"]) == [
+            both[3]["id"], both[1]["id"]]
+        assert await ids(acme, label=["team:a", "env:prod"], status="done") == []
+        assert await ids(acme, label=["team:a", "case:9"]) == []
+        assert await ids(globex, label=["team:a", "env:prod"]) == [theirs["id"]]
+        assert await ids(admin, label=["team:a", "env:prod"]) == [theirs["id"], *newest_first]
+        assert await ids(admin, tenant="globex", label=["team:a", "env:prod"]) == [theirs["id"]]
+        first = (await acme.get("/v1/runs", params={"label": ["team:a", "env:prod"],
+                                                    "limit": 3})).json()
+        rest = await ids(acme, label=["team:a", "env:prod"], cursor=first["next_cursor"])
+        assert [r["id"] for r in first["items"]] + rest == newest_first
+
+
+async def test_finished_filters_read_past_a_backlog(api: Api, live_store: RunStore) -> None:
+    """Finished runs older than a tenant's pending backlog, by status or
+    finish time, the tenant's own only (agent_runs_finished_tenant_idx)."""
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme, \
+            httpx.AsyncClient(base_url=api.url, headers=api.headers("globex")) as globex:
+        finished = [await submit(acme, {"input": {"i": i}}) for i in range(4)]
+        other = await submit(globex, {"input": {}})
+        assert (await acme.post(f"/v1/runs/{finished[1]['id']}/cancel")).status_code == 202
+        leases = await live_store.claim("default", "w", 10)
+        assert {str(lease.run_id) for lease in leases} == {
+            r["id"] for r in [finished[0], finished[2], finished[3], other]}
+        for lease in leases:
+            await live_store.ack(lease, {"ok": True})
+        backlog = [await submit(acme, {"input": {"later": i}}) for i in range(3)]
+
+        done = [finished[3]["id"], finished[2]["id"], finished[0]["id"]]
+        assert await ids(acme, status="done") == done
+        assert await ids(acme, status=["done", "cancelled"]) == [
+            finished[3]["id"], finished[2]["id"], finished[1]["id"], finished[0]["id"]]
+        assert await ids(acme, status="done", pool="default", limit=2) == done[:2]
+        page = (await acme.get("/v1/runs", params={"status": "done", "limit": 2})).json()
+        assert await ids(acme, status="done", cursor=page["next_cursor"]) == done[2:]
+        later = (datetime.now(UTC) + timedelta(minutes=1)).isoformat()
+        assert len(await ids(acme, finished_before=later)) == 4
+        assert await ids(acme, status=["done", "pending"]) == [
+            *(r["id"] for r in reversed(backlog)), *done]
+        assert await ids(globex, status="done") == [other["id"]]
+
+
 async def test_status_pool_time_and_key_filters(api: Api, live_store: RunStore) -> None:
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme:
         await live_store.upsert_pool(__import__("runlease.db.models",
@@ -197,17 +255,36 @@ def many_runs(server_url: str, template_db: str) -> Any:
     _drop_db(server_url, name)
 
 
-def scanned(url: str, f: RunFilter, **kw: Any) -> list[tuple[str, str]]:
+def generic(query: sql.Composed, params: dict[str, Any]) -> sql.Composed:
+    """EXPLAIN (GENERIC_PLAN) of the statement, its parameters as $1, $2...:
+    the plan the API's connections keep (plan_cache_mode=force_generic_plan)."""
+    text = query.as_string(None)
+    for i, name in enumerate(params, start=1):
+        text = text.replace(f"%({name})s", f"${i}")
+    return sql.Composed([sql.SQL("EXPLAIN (GENERIC_PLAN, FORMAT JSON) "), sql.SQL(text)])  # type: ignore[arg-type]
+
+
+def scanned(url: str, f: RunFilter, *, generic_plan: bool = False,
+            **kw: Any) -> list[tuple[str, str]]:
     """(node type, relation) of every scan in the plan of f's statement."""
+    return [(node, relation) for node, relation, _ in
+            plan_scans(url, f, generic_plan=generic_plan, **kw)]
+
+
+def plan_scans(url: str, f: RunFilter, *, generic_plan: bool = False,
+               **kw: Any) -> list[tuple[str, str, str]]:
+    """(node type, relation, index or "") of every scan in the plan."""
     query, params = select_runs(f.validated(), limit=50, **kw)
     with psycopg.connect(url) as conn:
-        text = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + query, params).fetchone()[0]  # type: ignore[index]
+        explain = (generic(query, params) if generic_plan
+                   else sql.SQL("EXPLAIN (FORMAT JSON) ") + query)
+        text = conn.execute(explain, None if generic_plan else params).fetchone()[0]  # type: ignore[index]
     plan = text if isinstance(text, list) else json.loads(text)
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str]] = []
 
     def walk(node: dict[str, Any]) -> None:
         if "Relation Name" in node:
-            found.append((node["Node Type"], node["Relation Name"]))
+            found.append((node["Node Type"], node["Relation Name"], node.get("Index Name", "")))
         for child in node.get("Plans", ()):
             walk(child)
 
@@ -221,6 +298,8 @@ FILTERS = {
     "tenant": RunFilter(tenant_id=T),
     "status": RunFilter(tenant_id=T, statuses=(RunStatus.PENDING, RunStatus.LEASED)),
     "dead": RunFilter(tenant_id=T, statuses=(RunStatus.DEAD,)),
+    "done": RunFilter(tenant_id=T, statuses=(RunStatus.DONE,), pool="default"),
+    "finished": RunFilter(tenant_id=T, statuses=(RunStatus.DONE, RunStatus.CANCELLED)),
     "pool": RunFilter(tenant_id=T, pool="default"),
     "label": RunFilter(tenant_id=T, labels=(("team", "team-7"),)),
     "labels": RunFilter(tenant_id=T, labels=(("team", "team-7"), ("case", "107"))),
@@ -232,19 +311,76 @@ FILTERS = {
     "admin": RunFilter(),
     "admin_status": RunFilter(statuses=(RunStatus.DEAD,)),
     "admin_label": RunFilter(labels=(("team", "team-7"),)),
+    "admin_labels": RunFilter(labels=(("team", "team-7"), ("case", "107"))),
     "admin_created": RunFilter(created_after=AT, created_before=AT + timedelta(hours=1)),
 }
 
 
+@pytest.mark.parametrize("generic_plan", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize("name", list(FILTERS))
-def test_each_filter_is_an_index_scan(many_runs: str, name: str) -> None:
-    scans = scanned(many_runs, FILTERS[name])
+def test_each_filter_is_an_index_scan(many_runs: str, name: str, generic_plan: bool) -> None:
+    scans = scanned(many_runs, FILTERS[name], generic_plan=generic_plan)
     assert scans, scans
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in SEARCHED], scans
     # And with a cursor (the next page) too.
     cursor = __import__("uuid").UUID(int=(1 << 127) - 1)
-    scans = scanned(many_runs, FILTERS[name], before=cursor)
+    scans = scanned(many_runs, FILTERS[name], before=cursor, generic_plan=generic_plan)
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1] in SEARCHED], scans
+
+
+@pytest.mark.parametrize("name", ["done", "finished_after"])
+def test_finished_filters_start_from_the_tenants_finished_runs(many_runs: str,
+                                                               name: str) -> None:
+    """Not the tenant's line in agent_run_tenant_index, whose newest runs may
+    be a backlog of pending ones read before the first match: the tenant's
+    finished runs (or, for a tenant with a large share of the table, as here
+    where a tenant is one run in 20, the primary key: the planner's choice)."""
+    for generic_plan in (False, True):
+        scans = plan_scans(many_runs, FILTERS[name], generic_plan=generic_plan)
+        assert len(scans) == 1, scans
+        assert scans[0][1:] in {("agent_runs", "agent_runs_finished_tenant_idx"),
+                                ("agent_runs", "agent_runs_pkey")}, scans
+    # A tenant the statistics show few runs of (as most of 200): its finished runs.
+    scans = plan_scans(many_runs, RunFilter(tenant_id="tenant-new", statuses=(RunStatus.DONE,)),
+                       generic_plan=False)
+    assert ("Index Scan", "agent_runs", "agent_runs_finished_tenant_idx") in scans, scans
+
+
+def test_several_labels_are_found_in_the_label_index(many_runs: str) -> None:
+    """Every label is looked up in the side table's indexes, none checked in
+    the runs' labels column (which reads every run of the first label)."""
+    for generic_plan in (False, True):
+        for f in (FILTERS["labels"], FILTERS["admin_labels"]):
+            scans = plan_scans(many_runs, f, generic_plan=generic_plan)
+            labels = [s for s in scans if s[1] == "agent_run_labels"]
+            assert len(labels) == 2, scans
+            assert all(s[0] in ("Index Only Scan", "Index Scan", "Bitmap Heap Scan")
+                       for s in labels), scans
+            query, _ = select_runs(f, limit=50)
+            assert "r.labels" not in query.as_string(None)
+
+
+async def test_the_rarest_label_is_read_first(live_store: RunStore) -> None:
+    """label_counts orders the labels, whatever order they are given in; a
+    label no run has answers an empty page without the search."""
+    for i in range(6):
+        await live_store.enqueue("default", "acme", {"i": i},
+                                 labels={"team": "a", **({"case": "rare"} if i == 2 else {})})
+    await live_store.enqueue("default", "globex", {}, labels={"case": "rare"})
+    for labels in ((("team", "a"), ("case", "rare")), (("case", "rare"), ("team", "a"))):
+        f = RunFilter(tenant_id="acme", labels=labels)
+        async with live_store.connection() as conn:
+            ordered = await live_store._rarest_label_first(f, conn)
+        assert ordered is not None
+        assert ordered.labels == (("case", "rare"), ("team", "a"))
+        found = await live_store.search(f)
+        assert [r.input_json for r in found] == [{"i": 2}]
+        assert json.loads(await live_store.search_page(f, admin=False))["items"][0]["id"] == \
+            str(found[0].id)
+    none = RunFilter(tenant_id="acme", labels=(("team", "a"), ("case", "nobody")))
+    assert await live_store.search(none) == []
+    assert json.loads(await live_store.search_page(none, admin=True)) == {
+        "items": [], "next_cursor": None}
 
 
 def test_without_the_label_index_the_label_filter_would_scan(many_runs: str) -> None:

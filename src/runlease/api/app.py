@@ -33,8 +33,10 @@ from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, api_state
 from runlease.api.errors import error_response
 from runlease.api.fanout import Fanout
+from runlease.api.fast_submit import FastSubmit
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
+from runlease.api.submit_group import SubmitGroups
 from runlease.api.wakeups import PoolWaker
 from runlease.db.channels import EVENTS_CHANNEL
 from runlease.db.connect import make_conn_pool
@@ -75,11 +77,14 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         max_bytes = self.large.get(scope.get("path", ""), self.max_bytes)
-        too_big = error_response(413, "body_too_large",
-                                 f"body: over the bound of {max_bytes} bytes", "body")
+
+        def too_big() -> Response:  # built only when sent: every request came here
+            return error_response(413, "body_too_large",
+                                  f"body: over the bound of {max_bytes} bytes", "body")
+
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-            await too_big(scope, receive, send)
+            await too_big()(scope, receive, send)
             return
         seen = 0
         started = False
@@ -102,7 +107,7 @@ class BodyLimit:
             await self.app(scope, counting_receive, tracking_send)
         except _BodyTooLarge:
             if not started:
-                await too_big(scope, receive, send)
+                await too_big()(scope, receive, send)
 
 
 class RequestMetrics:
@@ -172,6 +177,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         await conn_pool.open(wait=False)
         state.store = RunStore(conn_pool, max_input_bytes=settings.max_input_bytes)
         state.waker = PoolWaker(state.store)
+        state.groups = SubmitGroups(state.store)
         # Streams hold two connections in all, however many there are: the
         # LISTEN session and the fan-out's reader (api/fanout.py).
         fanout = Fanout(state.store, url, prepare=settings.prepared_statements,
@@ -194,6 +200,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         finally:
             await listener.stop(2)
             await fanout.stop()
+            await state.groups.close()
             await state.waker.close()
             await conn_pool.close()
 
@@ -213,6 +220,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     app.include_router(webhooks.router)
     app.include_router(workers.router)
     console.install(app, settings)
+    # Innermost of the middlewares: inside the body bound, metrics and CORS.
+    app.add_middleware(FastSubmit, api=app, state=state)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),

@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 from runlease.api.auth import Principal, StreamTokens, TokenRegistry
 from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import FeedHub
+from runlease.api.submit_group import SubmitGroups
 from runlease.api.wakeups import PoolWaker
 from runlease.db.store import RunStore
 from runlease.settings import ApiSettings
@@ -27,6 +28,8 @@ class ApiState:
     store: RunStore | None = None
     hub: FeedHub | None = None
     waker: PoolWaker | None = None
+    groups: SubmitGroups | None = None
+    fast_submits: int = 0  # answered by api/fast_submit.py (tests, the bench)
 
 
 def api_state(request: Request) -> ApiState:
@@ -41,11 +44,15 @@ async def store(request: Request) -> RunStore:
 
 
 def bearer(request: Request) -> Principal | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    return principal_of(api_state(request), request.headers.get("authorization", ""))
+
+
+def principal_of(state: ApiState, authorization: str) -> Principal | None:
+    """Who an Authorization header names: a known bearer token's principal, or None."""
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
-    return api_state(request).tokens.authenticate(token.strip())
+    return state.tokens.authenticate(token.strip())
 
 
 async def principal(request: Request) -> Principal:
@@ -78,7 +85,14 @@ async def waker(request: Request) -> PoolWaker:
     return w
 
 
+async def groups(request: Request) -> SubmitGroups:
+    g = api_state(request).groups
+    assert g is not None, "the app's lifespan has not started"
+    return g
+
+
 Store = Annotated[RunStore, Depends(store)]
+Groups = Annotated[SubmitGroups, Depends(groups)]
 Waker = Annotated[PoolWaker, Depends(waker)]
 JsonBody = Depends(json_content)
 Who = Annotated[Principal, Depends(principal)]

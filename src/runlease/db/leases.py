@@ -15,7 +15,7 @@ from uuid import UUID
 from runlease.core import bounds
 from runlease.core.states import RunStatus
 from runlease.db.channels import POOL_CHANNEL_PREFIX
-from runlease.db.executor import Conn, stale_writes
+from runlease.db.executor import Conn, stale_writes, take_stale_writes, untake_stale_writes
 from runlease.db.models import HeartbeatResult, Lease, Run
 from runlease.db.workers import Registration, WorkerStore
 from runlease.errors import LeaseLost, ValidationError
@@ -104,8 +104,15 @@ class LeaseStore(WorkerStore):
             return HeartbeatResult()
         extra = ({"pool": None, "version": None, "concurrency": None} if registry is None
                  else registry.params())
-        (row,) = await self._rows(
-            "run_heartbeat", _held(worker, pairs) | extra | {"lease_s": lease_s}, conn)
+        stale = take_stale_writes(registry.pool) if registry is not None else 0
+        try:
+            (row,) = await self._rows(
+                "run_heartbeat", _held(worker, pairs) | extra | {"lease_s": lease_s,
+                                                                 "stale_writes": stale}, conn)
+        except BaseException:
+            if registry is not None:
+                untake_stale_writes(registry.pool, stale)
+            raise
         lost = frozenset(row["lost"] or ())
         until = row["locked_until"]
         return HeartbeatResult(

@@ -16,7 +16,7 @@ from typing import Any
 
 from runlease import __version__
 from runlease.core import bounds
-from runlease.db.executor import Conn, Executor
+from runlease.db.executor import Conn, Executor, take_stale_writes, untake_stale_writes
 from runlease.errors import ValidationError
 
 MAX_WORKER_ID_CHARS = 255
@@ -61,6 +61,14 @@ class WorkerRow:
                    expires_at=row["expires_at"], alive=bool(row["alive"]))
 
 
+@dataclass(frozen=True, slots=True)
+class PoolHealth:
+    """A pool's lease expiries and stale writes over a recent window."""
+
+    lease_expiries: int = 0
+    stale_writes: int = 0
+
+
 def _check(reg: Registration, lease_s: int | None) -> None:
     if not 1 <= len(reg.worker) <= MAX_WORKER_ID_CHARS:
         raise ValidationError("worker", f"must be 1 to {MAX_WORKER_ID_CHARS} characters")
@@ -82,9 +90,16 @@ class WorkerStore(Executor):
 
     async def worker_beat(self, reg: Registration, *, lease_s: int | None,
                           conn: Conn | None = None) -> None:
-        """Renew the row of a worker that holds no run (lease_s None: the pool's)."""
+        """Renew the row of a worker that holds no run (lease_s None: the
+        pool's), adding the stale writes seen since the last beat."""
         _check(reg, lease_s)
-        await self._rows("worker_beat", reg.params() | {"lease_s": lease_s}, conn)
+        stale = take_stale_writes(reg.pool)
+        try:
+            await self._rows("worker_beat", reg.params() | {"lease_s": lease_s,
+                                                            "stale_writes": stale}, conn)
+        except BaseException:
+            untake_stale_writes(reg.pool, stale)
+            raise
 
     async def deregister_worker(self, worker: str, *, conn: Conn | None = None) -> None:
         await self._rows("worker_deregister", {"worker": worker}, conn)
@@ -94,6 +109,25 @@ class WorkerStore(Executor):
         """Delete rows expired more than after_s ago; returns (id, pool) of each."""
         rows = await self._rows("worker_delete_stale", {"after_s": after_s}, conn)
         return [(r["id"], r["pool"]) for r in rows]
+
+    async def fold_stale_writes(self, *, conn: Conn | None = None) -> int:
+        """Move the stale writes the workers reported into this minute's
+        pool health rows (the reaper's leader); returns how many."""
+        rows = await self._rows("pool_health_fold_stale", {}, conn)
+        return int(rows[0]["n"])
+
+    async def prune_pool_health(self, *, conn: Conn | None = None) -> None:
+        """Delete pool health minutes older than a day (the reaper's leader)."""
+        await self._rows("pool_health_prune", {}, conn)
+
+    async def pool_health(self, window_s: float, pool: str | None = None, *,
+                          conn: Conn | None = None) -> dict[str, PoolHealth]:
+        """Lease expiries and stale writes per pool over the last window_s
+        seconds (whole minutes); pools with neither are absent."""
+        rows = await self._rows("pool_health_recent", {"window_s": window_s, "pool": pool},
+                                conn)
+        return {r["pool"]: PoolHealth(int(r["lease_expiries"]), int(r["stale_writes"]))
+                for r in rows}
 
     async def list_workers(self, pool: str | None = None, *, limit: int = MAX_WORKER_LIST,
                            conn: Conn | None = None) -> list[WorkerRow]:

@@ -1,5 +1,6 @@
 """The reaper: expired leases back to the queue, retention, the workers
-registry's stale rows, folding the queue counts' deltas; and the leader's
+registry's stale rows, folding the queue counts' deltas and the workers'
+stale writes (the console's lease health per pool); and the leader's
 economics passes: the usage rollup, parents whose children have finished
 made due again, completion webhooks.
 
@@ -67,6 +68,7 @@ class Reaper(PeriodicService):
         await self.retain()
         await self.forget_workers()
         await self.store.fold_counts()
+        await self.fold_pool_health()
         await self.roll_up_usage()
         await self.wake_parents()
         await self.webhooks.run_once()
@@ -110,6 +112,15 @@ class Reaper(PeriodicService):
         for worker, pool in gone:
             log.info("worker_forgotten worker=%s pool=%s", worker, pool)
         return len(gone)
+
+    async def fold_pool_health(self) -> int:
+        """The stale writes workers reported into their pool's minute (lease
+        expiries are counted by the reap itself); minutes past a day go,
+        once every 60 passes."""
+        n = await self.store.fold_stale_writes()
+        if self._passes % 60 == 1:
+            await self.store.prune_pool_health()
+        return n
 
     async def retain(self) -> int:
         """Delete finished runs past their pool's retention, in bounded batches."""

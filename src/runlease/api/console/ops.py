@@ -18,7 +18,7 @@ from runlease.core import bounds
 from runlease.core.states import RunStatus
 from runlease.db.models import Pool
 from runlease.db.store import RunStore
-from runlease.db.workers import WorkerRow
+from runlease.db.workers import PoolHealth, WorkerRow
 from runlease.errors import InvalidTransition, RunNotFound, UnknownPool, ValidationError
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -27,7 +27,7 @@ PAGE_SIZE = 50
 MAX_REDRIVE = 100
 MAX_POOLS = 50
 MAX_TENANTS_SHOWN = 100
-EXPIRY_WINDOW_S = 3600
+HEALTH_WINDOW_S = 3600
 MAX_WORKERS = 500
 
 
@@ -89,7 +89,8 @@ async def dead_redrive(form: AdminForm, store: Store) -> Response:
 
 
 async def pool_view(store: RunStore, pool: Pool) -> dict[str, Any]:
-    """One pool's depth, in flight per tenant against its limit, and expiries."""
+    """One pool's depth, in flight per tenant against its limit, and its
+    lease expiries and stale writes over the last hour."""
     stats = await store.queue_stats(pool.name)
     settings = await store.tenant_settings(pool.name)
     tenants = sorted(set(stats.by_tenant) | set(settings),
@@ -101,9 +102,9 @@ async def pool_view(store: RunStore, pool: Pool) -> dict[str, Any]:
         rows.append({"tenant": tenant, "pending": pending, "ready": ready,
                      "scheduled": pending - ready, "leased": leased, "own_limit": own,
                      "limit": own if own is not None else pool.default_max_in_flight})
+    health = (await store.pool_health(HEALTH_WINDOW_S, pool.name)).get(pool.name, PoolHealth())
     return {"pool": pool, "stats": stats, "tenants": rows,
-            "more_tenants": max(0, len(tenants) - MAX_TENANTS_SHOWN),
-            "expiries": await store.lease_expiries(pool.name, EXPIRY_WINDOW_S)}
+            "more_tenants": max(0, len(tenants) - MAX_TENANTS_SHOWN), "health": health}
 
 
 @router.get("/pools")

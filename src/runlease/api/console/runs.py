@@ -9,6 +9,7 @@ from uuid import UUID
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
+from runlease.api.console.attempts import attempts
 from runlease.api.console.deps import (
     AdminForm,
     BadRequest,
@@ -107,6 +108,7 @@ async def find_runs(store: RunStore, f: Filters, scope: str | None) -> list[Run]
 async def runs_context(request: Request, who: Who, store: RunStore) -> dict[str, Any]:
     f = Filters.parse(request, who.admin, who.scope)
     runs = await find_runs(store, f, who.scope)
+    # Over every run of the viewer's scope (tenant, pool), whatever else filters the table.
     counts = await store.status_counts(tenant_id=f.tenant or who.scope, pool=f.pool or None)
     return {"viewer": who, "f": f, "runs": runs, "counts": counts, "statuses": STATUSES,
             "live": not f.cursor, "next_query": f.query(cursor=str(runs[-1].id))
@@ -129,8 +131,9 @@ async def run_context(request: Request, run_id: UUID, who: Who,
                       store: RunStore) -> dict[str, Any]:
     run = await scoped_run(store, run_id, who)
     notice = NOTICES.get(request.query_params.get("notice", ""))
-    return {"viewer": who, "run": run, "notice": notice,
-            "lifecycle": await store.lifecycle(run_id),
+    lifecycle = await store.lifecycle(run_id)
+    return {"viewer": who, "run": run, "notice": notice, "lifecycle": lifecycle,
+            "attempts": attempts(run, await store.holders(run_id), lifecycle),
             "finished": run.status in FINISHED}
 
 

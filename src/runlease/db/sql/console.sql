@@ -2,28 +2,27 @@
 
 
 -- name: console_status_counts
--- Runs per status among the newest %(window)s runs (admin: every tenant's,
--- newest first by the primary key), then narrowed to a pool: a bounded read
--- however large the table grows, polled by the runs page.
-SELECT w.status, count(*) AS n, sum(count(*)) OVER () AS seen
-  FROM (SELECT r.status, r.pool FROM agent_runs r
-         ORDER BY r.id DESC
-         LIMIT %(window)s) w
- WHERE %(pool)s::text IS NULL OR w.pool = %(pool)s::text
- GROUP BY w.status;
-
-
--- name: console_status_counts_tenant
--- The same for one tenant, from its side-table index (newest first).
-SELECT w.status, count(*) AS n, sum(count(*)) OVER () AS seen
-  FROM (SELECT r.status, r.pool
-          FROM agent_run_tenant_index d
-          JOIN agent_runs r ON r.id = d.run_id
-         WHERE d.tenant_id = %(tenant)s
-         ORDER BY d.run_id DESC
-         LIMIT %(window)s) w
- WHERE %(pool)s::text IS NULL OR w.pool = %(pool)s::text
- GROUP BY w.status;
+-- Runs per counted state over all runs of the scope (a tenant, a pool, both
+-- or neither), from the maintained counts (agent_run_counts plus the deltas
+-- not folded yet) and the leased runs from agent_runs_leased_idx (bounded
+-- by what is in flight): one snapshot, so done = total less the others is
+-- exact. Reads one row per (pool, tenant, state), never the runs.
+WITH counted AS (
+    SELECT c.state, c.n FROM agent_run_counts c
+     WHERE (%(tenant)s::text IS NULL OR c.tenant_id = %(tenant)s::text)
+       AND (%(pool)s::text IS NULL OR c.pool = %(pool)s::text)
+    UNION ALL
+    SELECT d.state, d.n FROM agent_run_count_deltas d
+     WHERE (%(tenant)s::text IS NULL OR d.tenant_id = %(tenant)s::text)
+       AND (%(pool)s::text IS NULL OR d.pool = %(pool)s::text)
+)
+SELECT c.state, sum(c.n)::bigint AS n FROM counted c GROUP BY c.state
+UNION ALL
+SELECT 'leased', count(*)
+  FROM agent_runs r
+ WHERE r.status = 'leased'
+   AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
+   AND (%(pool)s::text IS NULL OR r.pool = %(pool)s::text);
 
 
 -- name: console_runs_by_key
@@ -35,6 +34,11 @@ SELECT r.*
  WHERE (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
  ORDER BY r.id DESC
  LIMIT %(limit)s;
+
+
+-- name: console_run_holders
+-- Who held each of the run's leases (the claim appends to holders).
+SELECT holders FROM agent_runs WHERE id = %(id)s;
 
 
 -- name: console_run_lifecycle

@@ -15,11 +15,14 @@
 -- Queue counts (agent_run_counts, migration 0008): a change of a run's counted
 -- state appends a delta row; the reaper's leader folds them in.
 
--- The counted state of a run ('' when it is in none: leased, done, cancelled).
+-- The counted state of a run ('' when it is in none: leased, done). Done
+-- runs are the 'total' (counted by the insert and delete triggers only) less
+-- every other status, so an ack, the hot path, fires no trigger (migration
+-- 0013 added cancelled and total).
 CREATE OR REPLACE FUNCTION runlease_counted_state(p_status text, p_delayed boolean) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
-            WHEN p_status IN ('pending', 'dead') THEN p_status
+            WHEN p_status IN ('pending', 'dead', 'cancelled') THEN p_status
             ELSE '' END;
 
 -- Inserts and deletes: one statement-level trigger each, one delta row per
@@ -30,21 +33,26 @@ RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
 CREATE OR REPLACE FUNCTION runlease_count_rows() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- Each run twice: in its counted state (if any) and in 'total'.
     IF TG_OP = 'INSERT' THEN
         INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
-        SELECT r.pool, r.tenant_id, runlease_counted_state(r.status, r.delayed),
-               CASE WHEN r.status = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
+        SELECT r.pool, r.tenant_id, s.state,
+               CASE WHEN s.state = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
                count(*)
           FROM new_rows r
-         WHERE runlease_counted_state(r.status, r.delayed) <> ''
+         CROSS JOIN LATERAL (VALUES (runlease_counted_state(r.status, r.delayed)),
+                                    ('total')) AS s (state)
+         WHERE s.state <> ''
          GROUP BY 1, 2, 3, 4;
     ELSE
         INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
-        SELECT r.pool, r.tenant_id, runlease_counted_state(r.status, r.delayed),
-               CASE WHEN r.status = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
+        SELECT r.pool, r.tenant_id, s.state,
+               CASE WHEN s.state = 'dead' THEN coalesce(r.error_code, '') ELSE '' END,
                -count(*)
           FROM old_rows r
-         WHERE runlease_counted_state(r.status, r.delayed) <> ''
+         CROSS JOIN LATERAL (VALUES (runlease_counted_state(r.status, r.delayed)),
+                                    ('total')) AS s (state)
+         WHERE s.state <> ''
          GROUP BY 1, 2, 3, 4;
     END IF;
     RETURN NULL;
@@ -485,7 +493,13 @@ BEGIN
     UPDATE agent_runs r
        SET status = 'leased', locked_by = p_worker, locked_until = v_now
            + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
-           attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now
+           attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now,
+           -- Who holds this lease (agent_runs.holders, migration 0013): the
+           -- console's attempts history; the last 16 claims.
+           holders = (CASE WHEN jsonb_array_length(r.holders) >= 16 THEN r.holders - 0
+                           ELSE r.holders END)
+                     || jsonb_build_object('worker', p_worker, 'attempt', r.attempts + 1,
+                                           'at', v_now, 'seq', r.event_seq)
       FROM chosen
      WHERE r.id = chosen.id
     RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,

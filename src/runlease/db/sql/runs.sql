@@ -39,12 +39,19 @@ WITH {{clock}}, input AS (
                  idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8,
                  backoff_base_s integer, backoff_cap_s integer, non_retryable_codes text[]),
            clock
-), lanes AS (
+), lanes AS MATERIALIZED (
+    -- MATERIALIZED: once per (pool, tenant) of the batch. Inlined, the
+    -- planner evaluated these subqueries once per inserted row, and a batch
+    -- of 1,000 read its tenant's whole pending line 1,000 times (seconds,
+    -- growing with the line: the bulk stalls of docs/benchmarks.md).
+    -- ORDER BY ... LIMIT 1, not max(): one descent of
+    -- agent_runs_pending_tenant_idx whatever the statistics say.
     SELECT l.pool, l.tenant_id,
            greatest(
-               (SELECT max(r.fair_seq) + 1 FROM agent_runs r
+               (SELECT r.fair_seq + 1 FROM agent_runs r
                  WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
-                   AND r.tenant_id = l.tenant_id),
+                   AND r.tenant_id = l.tenant_id
+                 ORDER BY r.fair_seq DESC LIMIT 1),
                coalesce(
                    (SELECT r.fair_seq FROM agent_runs r, clock
                      WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
@@ -130,7 +137,8 @@ SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locke
 -- earliest, if they differ), the runs whose cancel was requested, and, only
 -- when some were not renewed, the ids of those (their leases are lost).
 -- Given the worker's pool, its registry row is renewed in the same statement
--- (inserted again if the reaper deleted it while the worker was away).
+-- (inserted again if the reaper deleted it while the worker was away), with
+-- the stale writes the worker saw since its last beat added to its count.
 -- The ids and epochs travel in binary: as text, formatting them cost the
 -- client and parsing them the server about a microsecond each per lease.
 WITH upd AS (
@@ -148,18 +156,21 @@ WITH upd AS (
     RETURNING r.id, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested
 ), registry AS (
     INSERT INTO agent_run_workers AS w
-           (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at)
+           (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at,
+            stale_writes)
     SELECT %(worker)s, %(pool)s::text, %(version)s::text, %(concurrency)s::integer,
            (SELECT count(*) FROM upd), clock.ts, clock.ts,
            clock.ts + make_interval(secs => coalesce(
                %(lease_s)s::integer,
                (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = %(pool)s::text),
-               45))
+               45)),
+           %(stale_writes)s::bigint
       FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS ts) clock
      WHERE %(pool)s::text IS NOT NULL
         ON CONFLICT (id) DO UPDATE
        SET runs_held = excluded.runs_held, heartbeat_at = excluded.heartbeat_at,
-           expires_at = excluded.expires_at
+           expires_at = excluded.expires_at,
+           stale_writes = w.stale_writes + excluded.stale_writes
 )
 SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
        array_agg(upd.id) FILTER (WHERE upd.cancel_requested) AS cancel_requested,
@@ -417,6 +428,15 @@ WITH RECURSIVE {{clock}}, holders AS (
     SELECT upd.id, upd.event_seq, 'run.lease_expired',
            jsonb_build_object('attempt', upd.attempts, 'status', upd.status), clock.ts
       FROM upd, clock
+), health AS (
+    -- The console's lease expiries of the last hour (agent_run_pool_health).
+    INSERT INTO agent_run_pool_health AS h (pool, minute, lease_expiries)
+    SELECT upd.pool, date_trunc('minute', clock.ts), count(*)
+      FROM upd, clock
+     GROUP BY 1, 2
+     ORDER BY 1  -- one lock order, should two leaders overlap
+        ON CONFLICT (pool, minute)
+        DO UPDATE SET lease_expiries = h.lease_expiries + excluded.lease_expiries
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), {{events_notify}}
