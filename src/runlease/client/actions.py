@@ -10,7 +10,7 @@ from uuid import UUID
 
 import httpx
 
-from runlease.client.calls import Call, check, sends, sends_async
+from runlease.client.calls import Call, check, sends
 from runlease.client.views import RunView
 
 
@@ -56,46 +56,34 @@ def _run(response: httpx.Response) -> RunView:
     return RunView.from_json(check(response))
 
 
-class ActionCalls:
-    """The calls, declared once; SyncActions and AsyncActions send them."""
+def _bulk_call(action: str, ids: Sequence[UUID | str] | None, status: Sequence[str] | None,
+               pool: str | None, tenant_id: str | None, label: Sequence[str] | None,
+               dry_run: bool) -> Call[BulkView]:
+    return Call("POST", f"/v1/runs/{action}", _bulk, json=bulk_body(
+        ids, status, pool, tenant_id, dry_run, label))
 
-    @staticmethod
-    def bulk(action: str, ids: Sequence[UUID | str] | None, status: Sequence[str] | None,
-             pool: str | None, tenant_id: str | None, label: Sequence[str] | None,
-             dry_run: bool) -> Call[BulkView]:
-        return Call("POST", f"/v1/runs/{action}", _bulk, json=bulk_body(
-            ids, status, pool, tenant_id, dry_run, label))
 
-    @staticmethod
+class Actions:
+    """Each method declares its call once; `sends` makes it both clients'."""
+
+    @sends
     def bulk_cancel(ids: Sequence[UUID | str] | None = None, *,
                     status: Sequence[str] | None = None, pool: str | None = None,
                     tenant_id: str | None = None, label: Sequence[str] | None = None,
                     dry_run: bool = False) -> Call[BulkView]:
         """Cancel the runs named by `ids` (at most 1,000), or else those
         matching status/pool (and, for admins, tenant_id)."""
-        return ActionCalls.bulk("cancel", ids, status, pool, tenant_id, label, dry_run)
+        return _bulk_call("cancel", ids, status, pool, tenant_id, label, dry_run)
 
-    @staticmethod
+    @sends
     def bulk_redrive(ids: Sequence[UUID | str] | None = None, *,
                      status: Sequence[str] | None = None, pool: str | None = None,
                      tenant_id: str | None = None, label: Sequence[str] | None = None,
                      dry_run: bool = False) -> Call[BulkView]:
         """Redrive the dead runs named by `ids`, or else those matching."""
-        return ActionCalls.bulk("redrive", ids, status, pool, tenant_id, label, dry_run)
+        return _bulk_call("redrive", ids, status, pool, tenant_id, label, dry_run)
 
-    @staticmethod
+    @sends
     def reprioritize(run_id: UUID | str, priority: int) -> Call[RunView]:
         """A pending run's new priority (within the tenant's band)."""
         return Call("PATCH", f"/v1/runs/{run_id}", _run, json={"priority": priority})
-
-
-class SyncActions:
-    bulk_cancel = sends(ActionCalls.bulk_cancel)
-    bulk_redrive = sends(ActionCalls.bulk_redrive)
-    reprioritize = sends(ActionCalls.reprioritize)
-
-
-class AsyncActions:
-    bulk_cancel = sends_async(ActionCalls.bulk_cancel)
-    bulk_redrive = sends_async(ActionCalls.bulk_redrive)
-    reprioritize = sends_async(ActionCalls.reprioritize)

@@ -11,15 +11,16 @@ from uuid import UUID
 
 import httpx
 
-from runlease.client.actions import AsyncActions
-from runlease.client.calls import MAX_BATCH, Batches, Call, Calls, T, Waiting, check, sends_async
+from runlease.client.actions import Actions
+from runlease.client.calls import MAX_BATCH, Batches, Call, Calls, T, Waiting, check
 from runlease.client.errors import ApiError
-from runlease.client.schedules import AsyncSchedules
+from runlease.client.run_methods import RunMethods
+from runlease.client.schedules import Schedules
 from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunView
 
 
-class AsyncClient(AsyncActions, AsyncSchedules):
+class AsyncClient(RunMethods, Actions, Schedules):
     """Asynchronous client, for agent platforms running on asyncio."""
 
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
@@ -39,8 +40,6 @@ class AsyncClient(AsyncActions, AsyncSchedules):
     async def _send(self, call: Call[T]) -> T:
         return call.read(await self._http.send(call.request(self._http)))
 
-    submit = sends_async(Calls.submit)
-
     async def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
                     on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
         batches = Batches(self._calls, runs, chunk, on_chunk)
@@ -49,11 +48,6 @@ class AsyncClient(AsyncActions, AsyncSchedules):
         return batches.made
 
     submit_many.__doc__ = Batches.__doc__
-
-    get = sends_async(Calls.get)
-    list = sends_async(Calls.list)
-    cancel = sends_async(Calls.cancel)
-    steps = sends_async(Calls.steps)
 
     async def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         waiting = Waiting(run_id, timeout_s)
@@ -83,12 +77,3 @@ class AsyncClient(AsyncActions, AsyncSchedules):
             except (httpx.TransportError, ApiError) as exc:
                 error = exc
             await asyncio.sleep(resume.dropped(error))
-
-    dead_letters = sends_async(Calls.dead_letters)
-    redrive = sends_async(Calls.redrive)
-    webhook = sends_async(Calls.webhook)
-    webhook_hosts = sends_async(Calls.webhook_hosts)
-
-    webhook_secret = sends_async(Calls.webhook_secret)
-
-    usage = sends_async(Calls.usage)

@@ -9,10 +9,11 @@ import builtins
 import functools
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+import types
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload
 from uuid import UUID
 
 import httpx
@@ -116,35 +117,55 @@ class _Sends(Protocol):
 
 
 class _SendsAsync(Protocol):
-    def _send(self, call: Call[T], /) -> Awaitable[T]: ...
+    def _send(self, call: Call[T], /) -> Coroutine[Any, Any, T]: ...
 
 
-S = TypeVar("S", bound=_Sends)
-A = TypeVar("A", bound=_SendsAsync)
+class sends(Generic[P, T]):
+    """The client method that sends the call `build` declares, written once
+    for both clients: on Client (whose `_send` answers) it returns the answer,
+    on AsyncClient (whose `_send` is a coroutine) a coroutine of it. Its
+    signature and docstring are the call's."""
 
+    def __init__(self, build: Callable[P, Call[T]]) -> None:
+        def method(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            answer: T = client._send(build(*args, **kwargs))
+            return answer
 
-def sends(build: Callable[P, Call[T]]) -> Callable[Concatenate[S, P], T]:
-    """Client's method that sends the call `build` declares: its signature and
-    docstring are the call's, so each is written once for both clients."""
-    def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._send(build(*args, **kwargs))
-    return _described(method, build)
+        async def method_async(client: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            answer: T = await client._send(build(*args, **kwargs))
+            return answer
 
+        self._sync = _described(method, build)
+        self._async = _described(method_async, build)
 
-def sends_async(build: Callable[P, Call[T]]) -> Callable[Concatenate[A, P],
-                                                          Coroutine[Any, Any, T]]:
-    """AsyncClient's method that sends the call `build` declares (see sends)."""
-    async def method(self: A, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._send(build(*args, **kwargs))
-    return _described(method, build)
+    def _for(self, owner: type[Any]) -> Callable[..., Any]:
+        send = getattr(owner, "_send", None)
+        return self._async if inspect.iscoroutinefunction(send) else self._sync
+
+    @overload
+    def __get__(self, client: None, owner: type[Any], /) -> Callable[..., Any]: ...
+    @overload
+    def __get__(self, client: _SendsAsync, owner: type[Any] | None = None, /
+                ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    @overload
+    def __get__(self, client: _Sends, owner: type[Any] | None = None, /) -> Callable[P, T]: ...
+
+    def __get__(self, client: Any, owner: type[Any] | None = None, /) -> Any:
+        if client is None:  # Client.get: the function, for help()
+            return self._for(owner or object)
+        return types.MethodType(self._for(type(client)), client)
 
 
 def _described(method: F, build: Callable[..., Any]) -> F:
     """The method's name, docstring and signature (for help()) are the call's,
-    but for what it returns: the answer read, not the Call."""
+    but for the client it is called on (which binding drops) and what it
+    returns: the answer read, not the Call."""
     functools.update_wrapper(method, build)
     del method.__wrapped__  # type: ignore[attr-defined]
-    method.__signature__ = inspect.signature(build).replace(  # type: ignore[attr-defined]
+    signature = inspect.signature(build)
+    client = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[client, *signature.parameters.values()],
         return_annotation=inspect.Signature.empty)
     return method
 

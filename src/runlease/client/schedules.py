@@ -10,7 +10,7 @@ from uuid import UUID
 
 import httpx
 
-from runlease.client.calls import Call, check, sends, sends_async
+from runlease.client.calls import Call, check, sends
 from runlease.core.schedule_fields import ScheduleFields
 
 
@@ -65,10 +65,10 @@ def _nothing(response: httpx.Response) -> None:
     check(response)
 
 
-class ScheduleCalls:
-    """The calls, declared once; SyncSchedules and AsyncSchedules send them."""
+class Schedules:
+    """Each method declares its call once; `sends` makes it both clients'."""
 
-    @staticmethod
+    @sends
     def create_schedule(name: str, cron: str, template: Mapping[str, Any], *,
                         timezone: str = "UTC", overlap: str = "skip", paused: bool = False,
                         tenant_id: str | None = None) -> Call[ScheduleView]:
@@ -77,40 +77,22 @@ class ScheduleCalls:
         return Call("POST", "/v1/schedules", _schedule, json=schedule_body(
             name, cron, template, timezone, overlap, paused, tenant_id))
 
-    @staticmethod
+    @sends
     def schedules(*, limit: int = 50, cursor: str | None = None) -> Call[SchedulePage]:
         return Call("GET", "/v1/schedules", _page, params=page_params(limit, cursor))
 
-    @staticmethod
+    @sends
     def schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
         return Call("GET", f"/v1/schedules/{schedule_id}", _schedule)
 
-    @staticmethod
+    @sends
     def pause_schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
         return Call("POST", f"/v1/schedules/{schedule_id}/pause", _schedule)
 
-    @staticmethod
+    @sends
     def resume_schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
         return Call("POST", f"/v1/schedules/{schedule_id}/resume", _schedule)
 
-    @staticmethod
+    @sends
     def delete_schedule(schedule_id: UUID | str) -> Call[None]:
         return Call("DELETE", f"/v1/schedules/{schedule_id}", _nothing)
-
-
-class SyncSchedules:
-    create_schedule = sends(ScheduleCalls.create_schedule)
-    schedules = sends(ScheduleCalls.schedules)
-    schedule = sends(ScheduleCalls.schedule)
-    pause_schedule = sends(ScheduleCalls.pause_schedule)
-    resume_schedule = sends(ScheduleCalls.resume_schedule)
-    delete_schedule = sends(ScheduleCalls.delete_schedule)
-
-
-class AsyncSchedules:
-    create_schedule = sends_async(ScheduleCalls.create_schedule)
-    schedules = sends_async(ScheduleCalls.schedules)
-    schedule = sends_async(ScheduleCalls.schedule)
-    pause_schedule = sends_async(ScheduleCalls.pause_schedule)
-    resume_schedule = sends_async(ScheduleCalls.resume_schedule)
-    delete_schedule = sends_async(ScheduleCalls.delete_schedule)

@@ -10,15 +10,16 @@ from uuid import UUID
 
 import httpx
 
-from runlease.client.actions import SyncActions
+from runlease.client.actions import Actions
 from runlease.client.calls import MAX_BATCH, Batches, Call, Calls, T, Waiting, check, sends
 from runlease.client.errors import ApiError
-from runlease.client.schedules import SyncSchedules
+from runlease.client.run_methods import RunMethods
+from runlease.client.schedules import Schedules
 from runlease.client.sse import Resume, RunEnded, StreamEvent
 from runlease.client.views import RunView
 
 
-class Client(SyncActions, SyncSchedules):
+class Client(RunMethods, Actions, Schedules):
     """Synchronous client."""
 
     def __init__(self, api_url: str, token: str | None = None, *, timeout_s: float = 30.0,
@@ -38,8 +39,6 @@ class Client(SyncActions, SyncSchedules):
     def _send(self, call: Call[T]) -> T:
         return call.read(self._http.send(call.request(self._http)))
 
-    submit = sends(Calls.submit)
-
     def submit_many(self, runs: Iterable[Mapping[str, Any]], *, chunk: int = MAX_BATCH,
                     on_chunk: Callable[[int], None] | None = None) -> builtins.list[RunView]:
         batches = Batches(self._calls, runs, chunk, on_chunk)
@@ -48,11 +47,6 @@ class Client(SyncActions, SyncSchedules):
         return batches.made
 
     submit_many.__doc__ = Batches.__doc__
-
-    get = sends(Calls.get)
-    list = sends(Calls.list)
-    cancel = sends(Calls.cancel)
-    steps = sends(Calls.steps)
 
     def wait(self, run_id: UUID | str, *, timeout_s: float = 300.0) -> RunView:
         """Poll until the run is finished (done, dead or cancelled)."""
@@ -89,18 +83,9 @@ class Client(SyncActions, SyncSchedules):
 
     # -- admin ----------------------------------------------------------------------------
 
-    dead_letters = sends(Calls.dead_letters)
-    redrive = sends(Calls.redrive)
     pools = sends(Calls.pools)
     pool = sends(Calls.pool)
 
     def upsert_pool(self, name: str, **settings: Any) -> dict[str, Any]:
         """PUT the pool: settings left out take their defaults (see pool())."""
         return self._send(self._calls.upsert_pool(name, settings))
-
-    webhook = sends(Calls.webhook)
-    webhook_hosts = sends(Calls.webhook_hosts)
-
-    webhook_secret = sends(Calls.webhook_secret)
-
-    usage = sends(Calls.usage)

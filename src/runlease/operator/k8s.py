@@ -40,38 +40,33 @@ THREADS = 4  # calls in flight at once; more wait their turn
 CONNECT_TIMEOUT_S = 5.0
 TIMEOUT_S = 30.0
 
-API_CALLS: tuple[tuple[str, str, str], ...] = (
-    ("get", "apps", "deployments"),
-    ("create", "apps", "deployments"),
-    ("patch", "apps", "deployments"),
-    ("get", "", "services"),
-    ("create", "", "services"),
-    ("patch", "", "services"),
-    ("get", "policy", "poddisruptionbudgets"),
-    ("create", "policy", "poddisruptionbudgets"),
-    ("patch", "policy", "poddisruptionbudgets"),
-    ("list", "", "pods"),
-    ("patch", "", "pods"),
-    ("get", "", "secrets"),
-    ("get", "runlease.dev", "agentrunpools"),
-    ("patch", "runlease.dev", "agentrunpools/status"),
-    # kopf's own: watching pools and deployments, its finalizer and progress
-    # annotations, events, and peering between operator replicas.
-    ("list", "runlease.dev", "agentrunpools"),
-    ("watch", "runlease.dev", "agentrunpools"),
-    ("patch", "runlease.dev", "agentrunpools"),
-    ("list", "apps", "deployments"),
-    ("watch", "apps", "deployments"),
-    ("create", "", "events"),
-    # Peering: kopfpeerings when watching namespaces, clusterkopfpeerings
-    # with --all-namespaces (API_CALLS_CLUSTERWIDE swaps them).
-    ("get", "kopf.dev", "kopfpeerings"),
-    ("list", "kopf.dev", "kopfpeerings"),
-    ("watch", "kopf.dev", "kopfpeerings"),
-    ("patch", "kopf.dev", "kopfpeerings"),
-    ("list", "apiextensions.k8s.io", "customresourcedefinitions"),
-    ("watch", "apiextensions.k8s.io", "customresourcedefinitions"),
-)
+# The verbs used on each (API group, resource), as RBAC rules grant them:
+# here, then by kopf itself.
+_VERBS_OURS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("apps", "deployments"): ("get", "create", "patch"),
+    ("", "services"): ("get", "create", "patch"),
+    ("policy", "poddisruptionbudgets"): ("get", "create", "patch"),
+    ("", "pods"): ("list", "patch"),
+    ("", "secrets"): ("get",),
+    ("runlease.dev", "agentrunpools"): ("get",),
+    ("runlease.dev", "agentrunpools/status"): ("patch",),
+}
+# Watching pools and deployments, its finalizer and progress annotations,
+# events, and peering between operator replicas: kopfpeerings when watching
+# namespaces, clusterkopfpeerings with --all-namespaces (API_CALLS_CLUSTERWIDE
+# swaps them).
+_VERBS_KOPF: dict[tuple[str, str], tuple[str, ...]] = {
+    ("runlease.dev", "agentrunpools"): ("list", "watch", "patch"),
+    ("apps", "deployments"): ("list", "watch"),
+    ("", "events"): ("create",),
+    ("kopf.dev", "kopfpeerings"): ("get", "list", "watch", "patch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
+}
+
+API_CALLS: tuple[tuple[str, str, str], ...] = tuple(
+    (verb, group, resource)
+    for table in (_VERBS_OURS, _VERBS_KOPF)
+    for (group, resource), verbs in table.items() for verb in verbs)
 
 API_CALLS_CLUSTERWIDE: tuple[tuple[str, str, str], ...] = tuple(
     (verb, group, "clusterkopfpeerings" if resource == "kopfpeerings" else resource)

@@ -60,6 +60,23 @@ status = CASE r.status WHEN 'pending' THEN 'cancelled' ELSE r.status END,
        AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
 
 
+-- part: cancel_told
+-- After the Stop (cancel_request) of the runs in `upd` (id, status,
+-- event_seq, event_data): each run's event, run.cancelled or (a leased run)
+-- run.cancel_requested, its data upd.event_data; and for a leased run a
+-- NOTIFY on %(channel)s that tells its worker. CTEs ev and notify (n), which
+-- the final SELECT cross-joins so that it runs.
+ev AS (
+    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
+    SELECT upd.id, upd.event_seq,
+           CASE upd.status WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.cancel_requested' END,
+           upd.event_data, clock.ts
+      FROM upd, clock
+), notify AS (
+    SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
+)
+
+
 -- part: delete_doomed
 -- Retention: deletes, in one bounded batch, the runs that finished before
 -- their pool's cutoff, for the pools of the CTE targets (pool, cutoff), with

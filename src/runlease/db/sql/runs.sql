@@ -331,16 +331,8 @@ WITH {{clock}}, upd AS (
     UPDATE agent_runs r
        SET {{cancel_request}}
        AND r.id = %(id)s
-    RETURNING r.id, r.status, r.event_seq
-), ev AS (
-    INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
-    SELECT upd.id, upd.event_seq,
-           CASE upd.status WHEN 'cancelled' THEN 'run.cancelled' ELSE 'run.cancel_requested' END,
-           '{}'::jsonb, clock.ts
-      FROM upd, clock
-), notify AS (
-    SELECT count(pg_notify(%(channel)s, upd.id::text)) AS n FROM upd WHERE upd.status = 'leased'
-), {{events_notify}}
+    RETURNING r.id, r.status, r.event_seq, '{}'::jsonb AS event_data
+), {{cancel_told}}, {{events_notify}}
 SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 

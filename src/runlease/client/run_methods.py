@@ -1,0 +1,24 @@
+"""The methods both clients share, each sending a call of `calls.py` (mixed
+into Client and AsyncClient; each gives `_send`, and a coroutine's for the
+async one)."""
+
+from __future__ import annotations
+
+from runlease.client.calls import Calls, sends
+
+
+class RunMethods:
+    submit = sends(Calls.submit)
+    get = sends(Calls.get)
+    list = sends(Calls.list)
+    cancel = sends(Calls.cancel)
+    steps = sends(Calls.steps)
+
+    # -- admin ------------------------------------------------------------------------------
+
+    dead_letters = sends(Calls.dead_letters)
+    redrive = sends(Calls.redrive)
+    webhook = sends(Calls.webhook)
+    webhook_hosts = sends(Calls.webhook_hosts)
+    webhook_secret = sends(Calls.webhook_secret)
+    usage = sends(Calls.usage)
