@@ -5,7 +5,6 @@ over every run of the viewer's scope (from the maintained counts)."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from uuid import UUID
 
 import pytest
@@ -15,17 +14,11 @@ from runlease.clock import ManualClock
 from runlease.db.models import Pool
 from runlease.db.store import Registration, RunStore
 from runlease.errors import LeaseLost, ValidationError
-from tests.console.test_console_http import SECRET, signed_in
-from tests.support.api import Api, serve_api
+from tests.console.test_console_http import signed_in
+from tests.support.api import Api
 
 WORKER_A = "pod-a:boot-a:101"
 WORKER_B = "pod-b:boot-b:202"
-
-
-@pytest.fixture
-async def ui(db_url: str) -> AsyncIterator[Api]:
-    async with serve_api(db_url, console_secret=SECRET) as served:
-        yield served
 
 
 def attempt_rows(html: str) -> list[str]:

@@ -10,23 +10,16 @@ from datetime import timedelta
 from uuid import UUID
 
 import httpx
-import pytest
 
 from runlease.api.auth import ADMIN, Principal, TokenRegistry
 from runlease.api.console.session import COOKIE, Sessions
 from runlease.core.states import RunStatus
 from runlease.db.models import Pool
 from runlease.db.store import RunStore
-from tests.support.api import ADMIN_TOKEN, Api, serve_api
+from tests.support.api import ADMIN_TOKEN, CONSOLE_SECRET, Api
 
-SECRET = "console-test-secret-0123456789"
+SECRET = CONSOLE_SECRET
 HOSTILE = "<script>alert('pwned')</script>"
-
-
-@pytest.fixture
-async def ui(db_url: str) -> AsyncIterator[Api]:
-    async with serve_api(db_url, console_secret=SECRET) as served:
-        yield served
 
 
 @asynccontextmanager

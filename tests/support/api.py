@@ -60,6 +60,16 @@ async def serve_api(db_url: str, **settings: Any) -> AsyncIterator[Api]:
             await task
 
 
+CONSOLE_SECRET = "console-test-secret-0123456789"
+
+
+@pytest.fixture
+async def ui(db_url: str) -> AsyncIterator[Api]:
+    """The API with its console, sessions signed with CONSOLE_SECRET."""
+    async with serve_api(db_url, console_secret=CONSOLE_SECRET) as served:
+        yield served
+
+
 @pytest.fixture
 async def api(db_url: str) -> AsyncIterator[Api]:
     """The API on this test's database, with the tenants of TOKENS and an admin."""
