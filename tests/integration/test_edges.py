@@ -435,7 +435,11 @@ async def test_metrics_count_each_forced_fault_exactly(live_store: RunStore,
         assert _moved(before, await scrape.read()) == {
             "stale_writes_rejected": 1, "leases_lost": 1, "reaped": 1}
 
-        # A stale write: the run was reaped from SQL while its agent was about to emit.
+    # A stale write: the run was reaped from SQL while its agent was about to
+    # emit. No renewal runs meanwhile (one each 30 s): with one in flight, both
+    # it and the emit would be refused, two stale writes of one lost lease.
+    async with running_worker(db_url, agent, metrics_port=port, metrics_host="127.0.0.1",
+                              lease_s=120, heartbeat_interval_s=30, reaper=False) as w:
         stale = await live_store.enqueue("default", "acme", {"write_late": True},
                                          max_attempts=1)
         await until(lambda: _leased(live_store, stale.run.id, epoch=1), what="leased")
@@ -445,7 +449,5 @@ async def test_metrics_count_each_forced_fault_exactly(live_store: RunStore,
         await until(lambda: asyncio.sleep(0, bool(wrote) and not w.active),
                     what="the late write and the attempt's end")
         moved = _moved(before, await scrape.read())
-        # The emit and, if it beat the agent's cancellation, nothing else: one
-        # refused write, one lost lease (the renewal may find it gone first,
-        # then the emit is never sent: still one of each).
+        # The emit, refused: one stale write, one lost lease.
         assert moved == {"stale_writes_rejected": 1, "leases_lost": 1}
