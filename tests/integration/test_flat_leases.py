@@ -243,6 +243,6 @@ async def test_heartbeats_of_a_claimed_batch_stay_on_their_pages(
             after = blocks(db_url, "w")
             moved = sum(1 for run_id, block in before.items() if after[run_id] != block)
             # A few may move: a page is pruned of its older versions only when
-            # the server's horizon lets it, which other databases' traffic on
-            # the same server can hold back for a moment (43 seen in a full run).
+            # the server's removal horizon lets it, which concurrent traffic on
+            # the server can hold back for a moment (43 moved in one full run).
             assert moved <= 100, f"heartbeat {beat}: {moved} of 1,000 renewals left their page"
