@@ -13,7 +13,7 @@ from runlease import metrics
 from runlease.api.deps import JsonBody, Store, Waker, Who
 from runlease.api.errors import ErrorAnswer
 from runlease.api.rates import submit_slots
-from runlease.api.routes import retry_policy, tenant_for
+from runlease.api.routes import new_run, tenant_for
 from runlease.api.schemas import ErrorBody, RunCreate, RunOut, run_out_fields
 from runlease.core import bounds
 from runlease.db.models import EnqueueResult
@@ -90,11 +90,7 @@ async def submit_batch(body: RunBatchIn, who: Who, store: Store, waker: Waker) -
         except ErrorAnswer as exc:
             field = f"runs[{i}].tenant_id"
             raise ErrorAnswer(exc.status, exc.code, f"runs[{i}].{exc.message}", field) from None
-        runs.append(NewRun(
-            tenant, item.input, item.priority, item.max_attempts,
-            None if item.budget is None else item.budget.model_dump(exclude_none=True),
-            item.idempotency_key, item.labels, item.run_at, item.delay_s, item.pool,
-            retry=retry_policy(item)))
+        runs.append(new_run(item, tenant, item.idempotency_key))
     results = await _enqueue(store, body, runs, admin=who.admin)
     # One increment per pool, not per run (1.7 ms of a batch of 1,000).
     for pool, n in Counter(r.run.pool for r in results if r.inserted).items():

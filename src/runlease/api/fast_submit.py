@@ -24,9 +24,8 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runlease.api.deps import ApiState, principal_of
-from runlease.api.routes import retry_policy, router, submitted, tenant_for
+from runlease.api.routes import new_run, router, submitted, tenant_for
 from runlease.api.schemas import RunCreate
-from runlease.db.runs import NewRun
 
 PATH = "/v1/runs"
 KEY_MAX_CHARS = 255  # as the route's Idempotency-Key header
@@ -112,17 +111,12 @@ class FastSubmit:
             body = RunCreate.model_validate(json.loads(raw))
             if body.parent_run_id is not None or body.webhook_url is not None:
                 return False
-            tenant = tenant_for(body.tenant_id, who)
-            retry = retry_policy(body)
+            run = new_run(body, tenant_for(body.tenant_id, who), idempotency_key)
         except Exception:  # whatever it is, the route answers it as it does
             return False
         scope["route"] = self._route()  # for the request metrics' path label
         try:
-            result = await state.groups.submit(NewRun(
-                tenant, body.input, body.priority, body.max_attempts,
-                None if body.budget is None else body.budget.model_dump(exclude_none=True),
-                idempotency_key, body.labels, body.run_at, body.delay_s, body.pool,
-                retry=retry))
+            result = await state.groups.submit(run)
         except Exception as exc:  # the app's handler renders it, or it is raised
             state.fast_submits += 1
             await self._error(scope, receive, send, exc)

@@ -86,6 +86,15 @@ def retry_policy(body: RunCreate) -> RetryPolicy | None:
                                body.non_retryable_codes)
 
 
+def new_run(body: RunCreate, tenant: str, idempotency_key: str | None) -> NewRun:
+    """The run a submit's body asks for (single, grouped, fast path or batch item)."""
+    return NewRun(
+        tenant, body.input, body.priority, body.max_attempts,
+        None if body.budget is None else body.budget.model_dump(exclude_none=True),
+        idempotency_key, body.labels, body.run_at, body.delay_s, body.pool,
+        retry=retry_policy(body))
+
+
 SUBMIT_403 = {"model": ErrorBody,
               "description": "`tenant_id` names another tenant than the token's, or an "
                              "admin token leaves it out."}
@@ -112,11 +121,7 @@ async def submit(
     tenant = tenant_for(body.tenant_id, who)
     parent = body.parent_run_id
     if parent is None and body.webhook_url is None:  # most submits: grouped (submit_group.py)
-        result = await groups.submit(NewRun(
-            tenant, body.input, body.priority, body.max_attempts,
-            None if body.budget is None else body.budget.model_dump(exclude_none=True),
-            idempotency_key, body.labels, body.run_at, body.delay_s, body.pool,
-            retry=retry_policy(body)))
+        result = await groups.submit(new_run(body, tenant, idempotency_key))
     else:
         result = await _submit_alone(body, who, tenant, store, idempotency_key)
     return submitted(result, waker, admin=who.admin)
@@ -143,13 +148,8 @@ async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: Run
             await store.check_parent(parent, tenant, conn=conn, admin=who.admin)
         if body.webhook_url is not None:
             await store.check_webhook_url(body.webhook_url, conn=conn)
-        result = await store.enqueue(
-            body.pool, tenant, body.input, priority=body.priority,
-            max_attempts=body.max_attempts,
-            budget=None if body.budget is None else body.budget.model_dump(exclude_none=True),
-            idempotency_key=idempotency_key, labels=body.labels, run_at=body.run_at,
-            delay_s=body.delay_s, notify=False, retry=retry_policy(body), conn=conn,
-        )
+        (result,) = await store.enqueue_many(
+            body.pool, [new_run(body, tenant, idempotency_key)], notify=False, conn=conn)
         if parent is not None and result.inserted:
             result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
         if body.webhook_url is not None and result.inserted:
