@@ -102,6 +102,22 @@ async def test_counts_follow_every_transition(store: RunStore, clock: ManualCloc
                             " WHERE state IN ('pending', 'delayed')").fetchone() == (0,)
 
 
+async def test_a_claim_appends_one_delta_per_tenant(store: RunStore, db_url: str) -> None:
+    # The claim counts its own runs (the count trigger passes claims over):
+    # one delta row per (pool, tenant) of the runs it leased, not one per run.
+    await store.enqueue_many("default", [NewRun(f"t{i % 2}", {}) for i in range(60)])
+    await store.fold_counts()
+    leases = await store.claim("default", "w", 50)
+    assert len(leases) == 50
+    with psycopg.connect(db_url) as conn:
+        deltas = conn.execute("SELECT tenant_id, state, n FROM agent_run_count_deltas"
+                              " ORDER BY 1").fetchall()
+    assert deltas == [("t0", "pending", -25), ("t1", "pending", -25)]
+    await check(store, db_url, None)
+    await store.fold_counts()
+    await check(store, db_url, None)
+
+
 async def test_startable_runs_come_from_the_counts(store: RunStore, clock: ManualClock) -> None:
     await store.upsert_pool(Pool("default", default_max_in_flight=2))
     await store.enqueue_many("default", [NewRun("capped", {}) for _ in range(50)]
@@ -174,9 +190,10 @@ async def test_a_large_fold_gives_the_emptied_pages_back(live_store: RunStore,
                                                          db_url: str) -> None:
     store = live_store
     for _ in range(6):  # past the prepared-statement threshold as well
-        await store.enqueue_many("default", [NewRun("t", {}) for _ in range(5_200)])
+        # A tenant per run: a claim appends a delta per tenant of its runs.
+        await store.enqueue_many("default", [NewRun(f"t{i}", {}) for i in range(5_200)])
         for _ in range(6):
-            await store.claim("default", "w", 1_000)  # a delta per claimed run
+            await store.claim("default", "w", 1_000)
         assert await store.fold_counts() >= 5_000
         await check(store, db_url, None)
     with psycopg.connect(db_url) as conn:

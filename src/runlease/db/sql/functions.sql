@@ -29,7 +29,12 @@ RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
 -- (pool, tenant, state) of the statement (a batch enqueue of 1,000 runs
 -- appends one row). Updates: a row-level trigger whose WHEN passes only a
 -- change of counted state, so heartbeats, acks and cancels of leased runs
--- (most updates) fire nothing.
+-- (most updates) fire nothing. A claim (pending to leased, which only
+-- runlease_claim does) fires nothing either: the claim appends one delta row
+-- per (pool, tenant) of the runs it leased, in the statement that leases them
+-- (a row trigger cost each claimed run an INSERT, ~15 % of the claim's CPU).
+-- A statement-level update trigger cannot do it: transition tables forbid a
+-- column list, so every heartbeat (1,000 rows a statement) would fill them.
 CREATE OR REPLACE FUNCTION runlease_count_rows() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -92,11 +97,12 @@ CREATE OR REPLACE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
 CREATE OR REPLACE TRIGGER agent_runs_count_update
     AFTER UPDATE OF status, delayed, error_code, pool, tenant_id ON agent_runs
     FOR EACH ROW
-    WHEN (runlease_counted_state(OLD.status, OLD.delayed)
-              IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
-          OR (NEW.status = 'dead' AND OLD.error_code IS DISTINCT FROM NEW.error_code)
-          OR OLD.pool IS DISTINCT FROM NEW.pool
-          OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id)
+    WHEN ((runlease_counted_state(OLD.status, OLD.delayed)
+               IS DISTINCT FROM runlease_counted_state(NEW.status, NEW.delayed)
+           OR (NEW.status = 'dead' AND OLD.error_code IS DISTINCT FROM NEW.error_code)
+           OR OLD.pool IS DISTINCT FROM NEW.pool
+           OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id)
+          AND NOT (OLD.status = 'pending' AND NEW.status = 'leased'))
     EXECUTE FUNCTION runlease_count_change();
 
 -- input_json and budget_json are objects (migration 0012 dropped the CHECKs
@@ -488,23 +494,36 @@ BEGIN
         SELECT p.id, row_number() OVER (ORDER BY u.ord) AS nth
           FROM picks p
           JOIN used u ON u.tenant_id = p.tenant_id AND u.k = p.k
+    ), claimed AS (
+        UPDATE agent_runs r
+           SET status = 'leased', locked_by = p_worker, locked_until = v_now
+               + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
+               attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now,
+               -- Who holds this lease (agent_runs.holders, migration 0013): the
+               -- console's attempts history; the last 16 claims.
+               holders = (CASE WHEN jsonb_array_length(r.holders) >= 16 THEN r.holders - 0
+                               ELSE r.holders END)
+                         || jsonb_build_object('worker', p_worker, 'attempt', r.attempts + 1,
+                                               'at', v_now, 'seq', r.event_seq)
+          FROM chosen
+         WHERE r.id = chosen.id
+        RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
+                  r.lease_epoch, r.locked_until, r.cancel_requested_at, r.input_json,
+                  r.budget_json, r.created_at, r.available_at, r.updated_at, chosen.nth
+    ), counted AS (
+        -- The counts' delta of this claim (the count trigger passes claims
+        -- over): each leased run left 'pending' (it was ready, not delayed:
+        -- locked above with that condition, so still so).
+        INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
+        SELECT c.pool, c.tenant_id, 'pending', '', -count(*)
+          FROM claimed c
+         GROUP BY c.pool, c.tenant_id
     )
     -- Only what a worker needs; nth is the claim order (the caller sorts).
-    UPDATE agent_runs r
-       SET status = 'leased', locked_by = p_worker, locked_until = v_now
-           + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
-           attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now,
-           -- Who holds this lease (agent_runs.holders, migration 0013): the
-           -- console's attempts history; the last 16 claims.
-           holders = (CASE WHEN jsonb_array_length(r.holders) >= 16 THEN r.holders - 0
-                           ELSE r.holders END)
-                     || jsonb_build_object('worker', p_worker, 'attempt', r.attempts + 1,
-                                           'at', v_now, 'seq', r.event_seq)
-      FROM chosen
-     WHERE r.id = chosen.id
-    RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
-              r.lease_epoch, r.locked_until, r.cancel_requested_at, r.input_json,
-              r.budget_json, r.created_at, r.available_at, r.updated_at, chosen.nth;
+    SELECT c.id, c.pool, c.tenant_id, c.priority, c.attempts, c.max_attempts,
+           c.lease_epoch, c.locked_until, c.cancel_requested_at, c.input_json,
+           c.budget_json, c.created_at, c.available_at, c.updated_at, c.nth
+      FROM claimed c;
 END;
 $$;
 
