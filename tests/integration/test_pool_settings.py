@@ -174,7 +174,7 @@ async def test_a_worker_with_other_defaults_uses_the_pools_lease(
     async with running_worker(db_url, hold, lease_s=0, heartbeat_interval_s=0,
                               drain_grace_s=0) as worker:
         assert (worker.settings.lease_s, worker.settings.heartbeat_interval_s) == (20, 20 / 3)
-        assert worker.keeper.lease_s == 20
+        assert worker.keeper.holder.lease_s == 20
         run = (await store.enqueue("default", "acme", {})).run
 
         async def leased() -> Any:

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 
 
 class Reaper(PeriodicService):
+    """The leader's housekeeping pass, every `interval_s`: reaping, retention,
+    folding and the economics passes (the module says what each does);
+    a process that is not the leader passes by."""
+
     name = "reaper"
 
     def __init__(

@@ -47,6 +47,7 @@ from runlease.worker import toolenv
 from runlease.worker.acker import Acker
 from runlease.worker.claimer import ClaimLoop
 from runlease.worker.handle import RunHandle, StopReason
+from runlease.worker.holder import LeaseHolder
 from runlease.worker.lease_keeper import LeaseKeeper
 from runlease.worker.runner import Agent, Runner
 
@@ -131,17 +132,14 @@ class Worker:
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack, spawn=self._spawn,
                              ended=self._ended)
-        self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
-                                  lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
-                                  prepare=s.prepared_statements, on_lost=self._lost,
-                                  clock=self.clock, registry=self.registration)
-        self.claims = ClaimLoop(self.store, self.url, self.identity, pool=s.pool,
-                                lease_s=s.lease_s, batch=s.batch,
-                                poll_interval_s=s.poll_interval_s,
-                                prepare=s.prepared_statements,
+        holder = LeaseHolder(self.store, self.url, self.identity, pool=s.pool,
+                             lease_s=s.lease_s, prepare=s.prepared_statements, clock=self.clock)
+        self.keeper = LeaseKeeper(holder, self.active, interval_s=s.heartbeat_interval_s,
+                                  on_lost=self._lost, registry=self.registration)
+        self.claims = ClaimLoop(holder, batch=s.batch, poll_interval_s=s.poll_interval_s,
                                 free_slots=lambda: s.concurrency - len(self.active),
                                 start_run=self._start, wake=self._wake,
-                                slot_freed=self._slot_freed, clock=self.clock)
+                                slot_freed=self._slot_freed)
         self.listener = (Listener(s.listen_database_url or self.url,
                                   {pool_channel(s.pool): lambda _: self._wake.set(),
                                    CANCEL_CHANNEL: self._on_cancel_notify},
