@@ -13,14 +13,14 @@ from runlease.core.states import RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
 from runlease.worker.claimer import ClaimLoop
-from runlease.worker.handle import RunHandle, StopReason
+from runlease.worker.handle import AttemptTerms, RunHandle, StopReason
 from runlease.worker.holder import LeaseHolder
 from runlease.worker.lease_keeper import LeaseKeeper
 
 
 def handle_for(lease: Lease, clock: ManualClock) -> RunHandle:
-    return RunHandle(lease, claimed_at=clock.monotonic(), lease_s=30, margin_s=5,
-                     cancel_grace_s=1, kill_grace_s=1, clock=clock)
+    terms = AttemptTerms(lease_s=30, margin_s=5, cancel_grace_s=1, kill_grace_s=1, clock=clock)
+    return RunHandle(lease, terms, claimed_at=clock.monotonic())
 
 
 async def test_the_fence_moves_with_each_renewal_and_stops_the_run_in_time(
