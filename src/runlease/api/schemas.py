@@ -230,25 +230,24 @@ class RunUsage(BaseModel):
     tool_calls: int
 
 
-# What the OpenAPI document says of the fields that need saying.
-_ABOUT_RUN: dict[str, dict[str, Any]] = {
+def described(about: dict[str, dict[str, Any]]) -> ConfigDict:
+    """The config of a pydantic dataclass whose fields are declared elsewhere
+    (core/): what the OpenAPI document says of those that need saying."""
+    def describe(schema: dict[str, Any]) -> None:
+        for name, said in about.items():
+            schema["properties"][name].update(said)
+    return ConfigDict(json_schema_extra=describe)
+
+
+# The fields are core/run_fields.py's, which the clients' RunView reads
+# back; here, the types the API gives them.
+@pydantic_dataclass(frozen=True, kw_only=True, config=described({
     "last_event_seq": {"description": "The seq of the run's latest event; 0 if none."},
     "labels": {"description": "The labels given at submit.", "examples": [{"team": "search"}]},
     "backoff_base_s": {"description": "The run's retry policy."},
     "awaiting_children": {"description": "Pending and waiting for its children (holding no "
                                          "worker)."},
-}
-
-
-def _describe_run(schema: dict[str, Any]) -> None:
-    for name, about in _ABOUT_RUN.items():
-        schema["properties"][name].update(about)
-
-
-# The fields are core/run_fields.py's, which the clients' RunView reads
-# back; here, the types the API gives them.
-@pydantic_dataclass(frozen=True, kw_only=True,
-                    config=ConfigDict(json_schema_extra=_describe_run))
+}))
 class RunOut(RunFields):
     """A run."""
 
