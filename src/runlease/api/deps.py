@@ -30,6 +30,7 @@ class ApiState:
     waker: PoolWaker | None = None
     groups: SubmitGroups | None = None
     fast_submits: int = 0  # answered by api/fast_submit.py (tests, the bench)
+    fast_batches: int = 0  # read by api/fast_batch.py (tests)
 
 
 def api_state(request: Request) -> ApiState:

@@ -29,7 +29,15 @@
 -- when the input is the same and no row when it differs.
 -- A run for later (run_at / delay_s, by the database clock) is inserted
 -- delayed: out of the claim's indexes until runlease_claim promotes it.
-WITH {{clock}}, input AS (
+WITH {{clock}}, {{enqueue_runs}}
+SELECT ins.* FROM ins CROSS JOIN notify;
+
+
+-- part: enqueue_runs
+-- The CTEs of run_enqueue (input, lanes, ins, indexed, labelled, notify),
+-- after {{clock}}: run_enqueue returns the rows of `ins` whole,
+-- run_enqueue_batch (run_batch.sql) what a batch's answer needs of them.
+input AS (
     SELECT i.*,
            greatest(coalesce(i.run_at, clock.ts + make_interval(secs => i.delay_s), clock.ts),
                     clock.ts) AS due
@@ -102,7 +110,6 @@ WITH {{clock}}, input AS (
       FROM (SELECT DISTINCT ins.pool FROM ins
              WHERE ins.inserted AND NOT ins.delayed AND %(notify)s::boolean) p
 )
-SELECT ins.* FROM ins CROSS JOIN notify;
 
 
 -- name: run_get_by_keys
