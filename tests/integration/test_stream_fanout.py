@@ -31,7 +31,7 @@ LISTEN_APP_NAME = "runlease-api-listen"
 
 
 def fanout_of(api: Api) -> Fanout:
-    hub = api.server.app_state.hub
+    hub = api.server.app_state.opened().hub
     assert hub is not None
     return hub.fanout
 

@@ -30,7 +30,7 @@ from runlease.api import (
     workers,
 )
 from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
-from runlease.api.deps import ApiState, api_state
+from runlease.api.deps import ApiState, Live, api_state
 from runlease.api.errors import error_response
 from runlease.api.fanout import Fanout
 from runlease.api.fast_batch import FastBatch
@@ -176,15 +176,15 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
                                    prepare=settings.prepared_statements,
                                    application_name="runlease-api", generic_plans=True)
         await conn_pool.open(wait=False)
-        state.store = RunStore(conn_pool, max_input_bytes=settings.max_input_bytes)
-        state.waker = PoolWaker(state.store)
-        state.groups = SubmitGroups(state.store)
+        store = RunStore(conn_pool, max_input_bytes=settings.max_input_bytes)
         # Streams hold two connections in all, however many there are: the
         # LISTEN session and the fan-out's reader (api/fanout.py).
-        fanout = Fanout(state.store, url, prepare=settings.prepared_statements,
+        fanout = Fanout(store, url, prepare=settings.prepared_statements,
                         poll_s=settings.sse_poll_s)
-        state.hub = FeedHub(state.store, fanout, keepalive_s=settings.sse_keepalive_s,
-                            max_per_tenant=settings.sse_max_streams_per_tenant)
+        live = state.live = Live(
+            store=store, waker=PoolWaker(store), groups=SubmitGroups(store),
+            hub=FeedHub(store, fanout, keepalive_s=settings.sse_keepalive_s,
+                        max_per_tenant=settings.sse_max_streams_per_tenant))
         listener = Listener(settings.listen_database_url or url,
                             {EVENTS_CHANNEL: fanout.notify}, on_connect=fanout.connected,
                             on_disconnect=fanout.disconnected,
@@ -201,8 +201,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         finally:
             await listener.stop(2)
             await fanout.stop()
-            await state.groups.close()
-            await state.waker.close()
+            await live.groups.close()
+            await live.waker.close()
             await conn_pool.close()
 
     app = FastAPI(
@@ -241,9 +241,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz(request: Request) -> JSONResponse:
-        store = api_state(request).store
         try:
-            assert store is not None
+            store = api_state(request).opened().store
             # Bounded as a whole (waiting for a connection included): a probe
             # that hangs is a probe that times out, and says nothing.
             async with asyncio.timeout(READY_CHECK_S), store.connection() as conn:

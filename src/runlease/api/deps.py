@@ -20,17 +20,29 @@ from runlease.db.store import RunStore
 from runlease.settings import ApiSettings
 
 
+@dataclass(frozen=True, slots=True)
+class Live:
+    """What the app's lifespan opens at once, over one connection pool, and
+    closes when the app stops."""
+
+    store: RunStore
+    hub: FeedHub
+    waker: PoolWaker
+    groups: SubmitGroups
+
+
 @dataclass
 class ApiState:
     settings: ApiSettings
     tokens: TokenRegistry
     stream_tokens: StreamTokens
-    store: RunStore | None = None
-    hub: FeedHub | None = None
-    waker: PoolWaker | None = None
-    groups: SubmitGroups | None = None
+    live: Live | None = None  # None until the lifespan starts
     fast_submits: int = 0  # answered by api/fast_submit.py (tests, the bench)
     fast_batches: int = 0  # read by api/fast_batch.py (tests)
+
+    def opened(self) -> Live:
+        assert self.live is not None, "the app's lifespan has not started"
+        return self.live
 
 
 def api_state(request: Request) -> ApiState:
@@ -39,9 +51,7 @@ def api_state(request: Request) -> ApiState:
 
 
 async def store(request: Request) -> RunStore:
-    s = api_state(request).store
-    assert s is not None, "the app's lifespan has not started"
-    return s
+    return api_state(request).opened().store
 
 
 def bearer(request: Request) -> Principal | None:
@@ -81,15 +91,11 @@ async def json_content(request: Request) -> None:
 
 
 async def waker(request: Request) -> PoolWaker:
-    w = api_state(request).waker
-    assert w is not None, "the app's lifespan has not started"
-    return w
+    return api_state(request).opened().waker
 
 
 async def groups(request: Request) -> SubmitGroups:
-    g = api_state(request).groups
-    assert g is not None, "the app's lifespan has not started"
-    return g
+    return api_state(request).opened().groups
 
 
 Store = Annotated[RunStore, Depends(store)]

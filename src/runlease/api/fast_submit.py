@@ -100,7 +100,8 @@ class FastSubmit:
     async def _submit(self, scope: Scope, raw: bytes, receive: Receive, send: Send) -> bool:
         """Answers the submit and returns True, or returns False having sent nothing."""
         state = self.state
-        if state.groups is None or state.waker is None:
+        live = state.live
+        if live is None:
             return False
         headers = _headers(scope)
         if headers is None:
@@ -118,13 +119,13 @@ class FastSubmit:
             return False
         scope["route"] = self._route()  # for the request metrics' path label
         try:
-            result = await state.groups.submit(run)
+            result = await live.groups.submit(run)
         except Exception as exc:  # the app's handler renders it, or it is raised
             state.fast_submits += 1
             await self._error(scope, receive, send, exc)
             return True
         state.fast_submits += 1
-        await submitted(result, state.waker, admin=who.admin)(scope, receive, send)
+        await submitted(result, live.waker, admin=who.admin)(scope, receive, send)
         return True
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, exc: Exception) -> None:

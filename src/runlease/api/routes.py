@@ -260,18 +260,18 @@ async def events(
     if last_event_id is not None:
         start = max(start, int(last_event_id))
     await store.get(run_id, tenant_id=who.scope)  # a 404 before the stream starts
-    assert state.hub is not None
+    hub = state.opened().hub
     slot = None
     if who.scope is not None:  # admins are not capped
-        slot = state.hub.admit(who.scope)
+        slot = hub.admit(who.scope)
         if slot is None:
             raise ErrorAnswer(429, "too_many_streams",
-                           f"this tenant already holds {state.hub.max_per_tenant} open event "
+                           f"this tenant already holds {hub.max_per_tenant} open event "
                            "streams on this server; close one first",
                            headers={"Retry-After": "5"})
     # Released when the stream ends, or by the response's background task
     # when the client left before the body began (the generator never ran).
-    return StreamingResponse(_sse(state.hub, run_id, start, request, slot),
+    return StreamingResponse(_sse(hub, run_id, start, request, slot),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                              background=BackgroundTask(slot.release) if slot else None)

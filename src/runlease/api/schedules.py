@@ -6,13 +6,14 @@ admin names the tenant when creating one. The leader enqueues the ticks
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import fields
 from typing import Annotated, Any, Literal
 from uuid import UUID
 from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, Field, JsonValue, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from runlease.api.deps import JsonBody, Store, Who
 from runlease.api.errors import ErrorAnswer
@@ -25,6 +26,7 @@ from runlease.api.schemas import (
     TenantId,
 )
 from runlease.core.cron import CRON_MAX_CHARS, TIMEZONE_PATTERN, Cron
+from runlease.core.schedule_fields import ScheduleFields
 from runlease.db.schedules import (
     SCHEDULE_NAME_PATTERN,
     Schedule,
@@ -87,26 +89,28 @@ class ScheduleIn(Strict):
                           "tenant's is refused with 403).")
 
 
-class ScheduleOut(BaseModel):
-    id: UUID
-    tenant_id: str
-    name: str
-    cron: str
-    timezone: str
-    template: dict[str, Any]
-    overlap: str
-    paused: bool
-    next_tick_at: datetime = Field(description="The next tick to enqueue.")
-    last_tick_at: datetime | None = None
-    last_run_id: UUID | None = Field(None, description="The run of the latest enqueued tick.")
-    last_error: str | None = Field(None, description="Why the latest due tick enqueued "
-                                                     "nothing (overlap, a refused template).")
-    created_at: datetime
-    updated_at: datetime
+# What the OpenAPI document says of the fields that need saying.
+_ABOUT = {
+    "next_tick_at": "The next tick to enqueue.",
+    "last_run_id": "The run of the latest enqueued tick.",
+    "last_error": "Why the latest due tick enqueued nothing (overlap, a refused template).",
+}
+
+
+def _describe(schema: dict[str, Any]) -> None:
+    for name, text in _ABOUT.items():
+        schema["properties"][name]["description"] = text
+
+
+# The fields are core/schedule_fields.py's, which the clients' ScheduleView
+# reads back: declared once for the server, the clients and this document.
+@pydantic_dataclass(frozen=True, config=ConfigDict(json_schema_extra=_describe))
+class ScheduleOut(ScheduleFields):
+    """A schedule: its cron, its run template and its latest tick."""
 
     @classmethod
     def of(cls, s: Schedule) -> ScheduleOut:
-        return cls(**{name: getattr(s, name) for name in cls.model_fields})
+        return cls(**{f.name: getattr(s, f.name) for f in fields(ScheduleFields)})
 
 
 class SchedulePage(BaseModel):

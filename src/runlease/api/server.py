@@ -99,10 +99,10 @@ class ApiServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def _end_streams(self) -> None:
-        hub = self.app_state.hub
-        if hub is not None:
+        live = self.app_state.live
+        if live is not None:
             with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().create_task(hub.close())
+                asyncio.get_running_loop().create_task(live.hub.close())
 
     def stop(self) -> None:
         self._end_streams()

@@ -18,7 +18,7 @@ from fastapi import Depends, Request
 from runlease.api.auth import Principal, TokenRegistry
 from runlease.api.console.render import Renderer
 from runlease.api.console.session import COOKIE, Session, Sessions
-from runlease.api.deps import ApiState, api_state
+from runlease.api.deps import api_state
 from runlease.db.models import Run
 from runlease.db.store import RunStore
 from runlease.errors import RunNotFound
@@ -86,9 +86,7 @@ def console_state(request: Request) -> ConsoleState:
 
 
 async def store(request: Request) -> RunStore:
-    api: ApiState = api_state(request)
-    assert api.store is not None, "the app's lifespan has not started"
-    return api.store
+    return api_state(request).opened().store
 
 
 async def viewer(request: Request) -> Viewer:
