@@ -15,7 +15,7 @@ import pytest
 
 from runlease.db.store import Conn, NewRun, Registration, RunStore
 from runlease.services.leader import LeaderElector
-from runlease.services.reaper import Reaper
+from runlease.services.reaper import ReapBounds, Reaper
 
 
 def reads(plan: dict[str, Any], relation: str = "agent_runs") -> int:
@@ -132,7 +132,7 @@ async def test_the_sweep_finds_a_live_workers_expired_lease_in_bounded_windows(
     # The worker lives (its row is fresh): a reap pass does not look at it.
     assert (await store.reap()).reaped == ()
     elector = LeaderElector(store, "me")
-    reaper = Reaper(store, elector, sweep_every=1, sweep_rows=1_000)
+    reaper = Reaper(store, elector, bounds=ReapBounds(sweep_every=1, sweep_rows=1_000))
     windows: list[int] = []
     for _ in range(4):
         _, plans = await explained(store, lambda c: store.sweep_leases(

@@ -20,7 +20,7 @@ from runlease.db.models import Pool, TenantLimit
 from runlease.db.store import NewRun, RunStore
 from runlease.errors import ValidationError
 from runlease.services.leader import LeaderElector
-from runlease.services.reaper import Reaper
+from runlease.services.reaper import ReapBounds, Reaper
 from runlease.worker.context import RunContext
 from tests.support.api import Api
 from tests.support.waiting import until
@@ -174,7 +174,7 @@ async def test_a_worker_with_other_defaults_uses_the_pools_lease(
     async with running_worker(db_url, hold, lease_s=0, heartbeat_interval_s=0,
                               drain_grace_s=0) as worker:
         assert (worker.settings.lease_s, worker.settings.heartbeat_interval_s) == (20, 20 / 3)
-        assert worker.keeper.lease_s == 20
+        assert worker.keeper.holder.lease_s == 20
         run = (await store.enqueue("default", "acme", {})).run
 
         async def leased() -> Any:
@@ -191,7 +191,7 @@ async def test_a_worker_with_other_defaults_uses_the_pools_lease(
             return worker.held.get(run.id)
 
         handle = await until(started, what="the worker to hold the run")
-        assert handle.lease_s == 20
+        assert handle.terms.lease_s == 20
         assert handle.fence_at == handle.claimed_at + 20 - worker.settings.margin_s
 
 
@@ -254,7 +254,7 @@ async def test_retention_deletes_old_finished_runs_in_batches_and_nothing_else(
         if not deleted:
             break
     assert batches == [2, 2, 2, 0]
-    assert await Reaper(store, elector, batch=2).retain() == 0
+    assert await Reaper(store, elector, bounds=ReapBounds(batch=2)).retain() == 0
     with psycopg.connect(db_url) as conn:
         left = {r[0] for r in conn.execute("SELECT id FROM agent_runs")}
         events = {r[0] for r in conn.execute("SELECT DISTINCT run_id FROM agent_run_events")}
@@ -270,7 +270,7 @@ async def test_the_reaper_retains_by_pool_in_batches(store: RunStore, clock: Man
     for _ in range(5):
         await store.request_cancel((await store.enqueue("short", "acme", {})).run.id)
     clock.advance(120)
-    assert await Reaper(store, LeaderElector(store, "me"), batch=2).retain() == 5
+    assert await Reaper(store, LeaderElector(store, "me"), bounds=ReapBounds(batch=2)).retain() == 5
     assert await store.list_runs() == []
 
 

@@ -224,8 +224,8 @@ async def test_behind_pgbouncer_settings_prepared_statements_off(
                 "SELECT count(*) AS n FROM pg_prepared_statements")).fetchone()
             assert prepared == {"n": 0}
         assert worker.claims is not None
-        assert worker.claims._conn is not None
-        assert worker.claims._conn.prepare_threshold is None
+        assert worker.claims._db.conn is not None
+        assert worker.claims._db.conn.prepare_threshold is None
         assert worker.listener is not None
         assert worker.listener.url == db_url
 

@@ -13,13 +13,14 @@ from runlease.core.states import RunStatus
 from runlease.db.models import Lease
 from runlease.db.store import RunStore
 from runlease.worker.claimer import ClaimLoop
-from runlease.worker.handle import RunHandle, StopReason
+from runlease.worker.handle import AttemptTerms, RunHandle, StopReason
+from runlease.worker.holder import LeaseHolder
 from runlease.worker.lease_keeper import LeaseKeeper
 
 
 def handle_for(lease: Lease, clock: ManualClock) -> RunHandle:
-    return RunHandle(lease, claimed_at=clock.monotonic(), lease_s=30, margin_s=5,
-                     cancel_grace_s=1, kill_grace_s=1, clock=clock)
+    terms = AttemptTerms(lease_s=30, margin_s=5, cancel_grace_s=1, kill_grace_s=1, clock=clock)
+    return RunHandle(lease, terms, claimed_at=clock.monotonic())
 
 
 async def test_the_fence_moves_with_each_renewal_and_stops_the_run_in_time(
@@ -29,8 +30,9 @@ async def test_the_fence_moves_with_each_renewal_and_stops_the_run_in_time(
     (lease,) = await store.claim("default", "w1", 1, lease_s=30)
     handle = handle_for(lease, clock)
     lost: list[StopReason] = []
-    keeper = LeaseKeeper(store, db_url, "w1", [handle], pool="default", lease_s=30,
-                         interval_s=10, on_lost=lambda _, why: lost.append(why), clock=clock)
+    holder = LeaseHolder(store, db_url, "w1", pool="default", lease_s=30, clock=clock)
+    keeper = LeaseKeeper(holder, [handle], interval_s=10,
+                         on_lost=lambda _, why: lost.append(why))
     try:
         clock.advance(20)
         assert handle.may_write()
@@ -53,7 +55,7 @@ async def test_the_fence_moves_with_each_renewal_and_stops_the_run_in_time(
         assert lost == []  # fenced by its own clock, not told by a renewal
     finally:
         await keeper.stop()
-        await keeper._close()
+        await keeper._db.close()
         if handle._killing is not None:
             await handle._killing
 
@@ -80,10 +82,10 @@ async def test_the_claim_loop_fills_free_slots_once_per_run_once(
         await store.enqueue("default", "acme", {"i": i})
     started: list[tuple[Lease, float]] = []
     free = [2]
-    loop = ClaimLoop(store, db_url, "w1", pool="default", lease_s=30, batch=10,
-                     poll_interval_s=2.0, prepare=True, free_slots=lambda: free[0],
+    holder = LeaseHolder(store, db_url, "w1", pool="default", lease_s=30, clock=clock)
+    loop = ClaimLoop(holder, batch=10, poll_interval_s=2.0, free_slots=lambda: free[0],
                      start_run=lambda lease, sent: started.append((lease, sent)),
-                     wake=asyncio.Event(), slot_freed=asyncio.Event(), clock=clock)
+                     wake=asyncio.Event(), slot_freed=asyncio.Event())
     try:
         clock.advance(100)
         assert await loop.run_once() == 0.0  # every free slot filled: claim again at once

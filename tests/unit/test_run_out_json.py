@@ -3,11 +3,13 @@ the same text RunOut renders, for tenants and admins, leased or finished."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from uuid import UUID
 
 import pytest
+from pydantic import TypeAdapter
 from pydantic_core import to_json
 
 from runlease.api.schemas import RunOut, run_out_fields
@@ -39,11 +41,11 @@ RUNS = [
                          ids=lambda r: f"{r.status.value}-{r.parent_run_id is not None}")
 def test_fields_render_as_the_model_does(run: Run, admin: bool) -> None:
     assert to_json(run_out_fields(run, admin=admin)) == \
-        RunOut.of(run, admin=admin).model_dump_json().encode()
+        TypeAdapter(RunOut).dump_json(RunOut.of(run, admin=admin))
 
 
 def test_fields_are_the_models_in_its_order() -> None:
-    assert list(run_out_fields(RUNS[0], admin=True)) == list(RunOut.model_fields)
+    assert list(run_out_fields(RUNS[0], admin=True)) == [f.name for f in fields(RunOut)]
 
 
 @pytest.mark.parametrize("limit", [3, 4])

@@ -12,7 +12,7 @@ from uuid import UUID
 from zoneinfo import available_timezones
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool
+from pydantic import BaseModel, Field, JsonValue, StrictBool
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from runlease.api.deps import JsonBody, Store, Who
@@ -24,6 +24,7 @@ from runlease.api.schemas import (
     RunSettings,
     Strict,
     TenantId,
+    described,
 )
 from runlease.core.cron import CRON_MAX_CHARS, TIMEZONE_PATTERN, Cron
 from runlease.core.schedule_fields import ScheduleFields
@@ -89,22 +90,14 @@ class ScheduleIn(Strict):
                           "tenant's is refused with 403).")
 
 
-# What the OpenAPI document says of the fields that need saying.
-_ABOUT = {
-    "next_tick_at": "The next tick to enqueue.",
-    "last_run_id": "The run of the latest enqueued tick.",
-    "last_error": "Why the latest due tick enqueued nothing (overlap, a refused template).",
-}
-
-
-def _describe(schema: dict[str, Any]) -> None:
-    for name, text in _ABOUT.items():
-        schema["properties"][name]["description"] = text
-
-
 # The fields are core/schedule_fields.py's, which the clients' ScheduleView
 # reads back: declared once for the server, the clients and this document.
-@pydantic_dataclass(frozen=True, config=ConfigDict(json_schema_extra=_describe))
+@pydantic_dataclass(frozen=True, config=described({
+    "next_tick_at": {"description": "The next tick to enqueue."},
+    "last_run_id": {"description": "The run of the latest enqueued tick."},
+    "last_error": {"description": "Why the latest due tick enqueued nothing (overlap, a "
+                                  "refused template)."},
+}))
 class ScheduleOut(ScheduleFields):
     """A schedule: its cron, its run template and its latest tick."""
 

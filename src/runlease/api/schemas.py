@@ -18,10 +18,12 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_core import to_json
 
 from runlease.core import backoff, bounds, run_options
 from runlease.core.backoff import RetryPolicy
+from runlease.core.run_fields import RunFields
 from runlease.db.models import Run, Step
 
 POOL_PATTERN = bounds.POOL_PATTERN
@@ -227,67 +229,38 @@ class RunUsage(BaseModel):
     turns: int
     tool_calls: int
 
-    @classmethod
-    def of(cls, run: Run) -> RunUsage:
-        return cls(input_tokens=run.input_tokens, output_tokens=run.output_tokens,
-                   cost=float(run.cost), turns=run.turns_used, tool_calls=run.tool_calls_used)
+
+def described(about: dict[str, dict[str, Any]]) -> ConfigDict:
+    """The config of a pydantic dataclass whose fields are declared elsewhere
+    (core/): what the OpenAPI document says of those that need saying."""
+    def describe(schema: dict[str, Any]) -> None:
+        for name, said in about.items():
+            schema["properties"][name].update(said)
+    return ConfigDict(json_schema_extra=describe)
 
 
-class RunOut(BaseModel):
-    id: UUID
-    pool: str
-    tenant_id: str
+# The fields are core/run_fields.py's, which the clients' RunView reads
+# back; here, the types the API gives them.
+@pydantic_dataclass(frozen=True, kw_only=True, config=described({
+    "last_event_seq": {"description": "The seq of the run's latest event; 0 if none."},
+    "labels": {"description": "The labels given at submit.", "examples": [{"team": "search"}]},
+    "backoff_base_s": {"description": "The run's retry policy."},
+    "awaiting_children": {"description": "Pending and waiting for its children (holding no "
+                                         "worker)."},
+}))
+class RunOut(RunFields):
+    """A run."""
+
     status: Status
-    priority: int
-    attempts: int
-    max_attempts: int
-    input: dict[str, Any]
-    budget: dict[str, Any]
-    result: Any = None
-    error_code: str | None = None
-    error_message: str | None = None
-    idempotency_key: str | None = None
-    cancel_requested_at: datetime | None = None
-    available_at: datetime
-    created_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None = None
-    last_event_seq: int = Field(description="The seq of the run's latest event; 0 if none.")
+    last_event_seq: int
     lease: LeaseInfo | None = None
-    labels: dict[str, str] = Field(default_factory=dict,
-                                   description="The labels given at submit.",
-                                   examples=[{"team": "search"}])
-    backoff_base_s: int = Field(backoff.BACKOFF_BASE_S, description="The run's retry policy.")
+    backoff_base_s: int = backoff.BACKOFF_BASE_S
     backoff_cap_s: int = backoff.BACKOFF_CAP_S
-    non_retryable_codes: list[str] = Field(default_factory=list)
     usage: RunUsage | None = None
-    parent_run_id: UUID | None = None
-    awaiting_children: bool = Field(
-        False, description="Pending and waiting for its children (holding no worker).")
 
     @classmethod
     def of(cls, run: Run, *, admin: bool) -> RunOut:
-        lease = None
-        if admin and run.locked_by is not None and run.locked_until is not None:
-            lease = LeaseInfo(locked_by=run.locked_by, locked_until=run.locked_until,
-                              lease_epoch=run.lease_epoch)
-        # Typed rows from the store: nothing to validate (a page or a batch
-        # of a thousand runs would pay for it per field).
-        return cls.model_construct(
-            id=run.id, pool=run.pool, tenant_id=run.tenant_id, status=run.status.value,
-            priority=run.priority, attempts=run.attempts, max_attempts=run.max_attempts,
-            input=run.input_json, budget=run.budget_json, result=run.result_json,
-            error_code=run.error_code, error_message=run.error_message,
-            idempotency_key=run.idempotency_key, cancel_requested_at=run.cancel_requested_at,
-            available_at=run.available_at, created_at=run.created_at,
-            updated_at=run.updated_at, finished_at=run.finished_at,
-            last_event_seq=run.event_seq, lease=lease, labels=run.labels,
-            backoff_base_s=RetryPolicy(run.backoff_base_s).base_s,
-            backoff_cap_s=RetryPolicy(backoff_cap_s=run.backoff_cap_s).cap_s,
-            non_retryable_codes=run.non_retryable_codes or [],
-            usage=RunUsage.of(run), parent_run_id=run.parent_run_id,
-            awaiting_children=run.awaiting_children,
-        )
+        return cls(**run_out_fields(run, admin=admin))
 
 
 def run_out_fields(run: Run, *, admin: bool) -> dict[str, Any]:

@@ -92,35 +92,37 @@ def list_schedules(api_url: str, token: str, as_json: bool, limit: int,
     page_out(page, as_json, _table, json.dumps)
 
 
-@schedules.command("show")
-@api_options
-@click.argument("schedule_id")
-def show(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
-    """One schedule, in full."""
-    with client(api_url, token) as api:
-        schedule = api.schedule(schedule_id)
-    if as_json:
-        emit_json(schedule)
-        return
+def _in_full(schedule: ScheduleView) -> None:
     out(_table([schedule]))
     out(f"template: {json.dumps(schedule.template)}")
 
 
-def _pausing(name: str, help_: str, verb: str,
-             call: Callable[[Client, str], ScheduleView]) -> click.Command:
-    """pause and resume: the same command but for the call and its verb."""
+def _said(verb: str) -> Callable[[ScheduleView], None]:
+    return lambda schedule: _show(schedule, False, verb)
+
+
+def _on_one(name: str, help_: str, call: Callable[[Client, str], ScheduleView],
+            text: Callable[[ScheduleView], None]) -> click.Command:
+    """show, pause and resume: one call on a schedule named by its id, the
+    schedule it answers shown as JSON or as `text` shows it."""
     @schedules.command(name, help=help_)
     @api_options
     @click.argument("schedule_id")
     def command(api_url: str, token: str, as_json: bool, schedule_id: str) -> None:
         with client(api_url, token) as api:
-            _show(call(api, schedule_id), as_json, verb)
+            schedule = call(api, schedule_id)
+        if as_json:
+            emit_json(schedule)
+        else:
+            text(schedule)
     return command
 
 
-pause = _pausing("pause", "Enqueue nothing until resumed.", "paused", Client.pause_schedule)
-resume = _pausing("resume", "Tick again, from the first tick after now.", "resumed",
-                  Client.resume_schedule)
+show = _on_one("show", "One schedule, in full.", Client.schedule, _in_full)
+pause = _on_one("pause", "Enqueue nothing until resumed.", Client.pause_schedule,
+                _said("paused"))
+resume = _on_one("resume", "Tick again, from the first tick after now.",
+                 Client.resume_schedule, _said("resumed"))
 
 
 @schedules.command("delete")

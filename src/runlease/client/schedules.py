@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -65,6 +65,17 @@ def _nothing(response: httpx.Response) -> None:
     check(response)
 
 
+def _on_one(name: str, method: str, action: str,
+            doc: str) -> Callable[[UUID | str], Call[ScheduleView]]:
+    """The call of a client method on one schedule named by its id (read,
+    pause, resume), answered by the schedule: `name` and `doc` are the method's."""
+    def call(schedule_id: UUID | str) -> Call[ScheduleView]:
+        return Call(method, f"/v1/schedules/{schedule_id}{action}", _schedule)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = doc
+    return call
+
+
 class Schedules:
     """Each method declares its call once; `sends` makes it both clients'."""
 
@@ -81,17 +92,11 @@ class Schedules:
     def schedules(*, limit: int = 50, cursor: str | None = None) -> Call[SchedulePage]:
         return Call("GET", "/v1/schedules", _page, params=page_params(limit, cursor))
 
-    @sends
-    def schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
-        return Call("GET", f"/v1/schedules/{schedule_id}", _schedule)
-
-    @sends
-    def pause_schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
-        return Call("POST", f"/v1/schedules/{schedule_id}/pause", _schedule)
-
-    @sends
-    def resume_schedule(schedule_id: UUID | str) -> Call[ScheduleView]:
-        return Call("POST", f"/v1/schedules/{schedule_id}/resume", _schedule)
+    schedule = sends(_on_one("schedule", "GET", "", "One schedule."))
+    pause_schedule = sends(_on_one("pause_schedule", "POST", "/pause",
+                                   "Enqueue nothing until resumed."))
+    resume_schedule = sends(_on_one("resume_schedule", "POST", "/resume",
+                                    "Tick again, from the first tick after now."))
 
     @sends
     def delete_schedule(schedule_id: UUID | str) -> Call[None]:

@@ -8,40 +8,16 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from runlease.core.run_fields import RunFields
 from runlease.core.states import TERMINAL
 
 
-@dataclass(frozen=True, slots=True)
-class RunView:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunView(RunFields):
     """A run as the API shows it."""
 
-    id: UUID
-    pool: str
-    tenant_id: str
-    status: str
-    priority: int
-    attempts: int
-    max_attempts: int
-    input: dict[str, Any]
-    budget: dict[str, Any]
-    created_at: datetime
-    updated_at: datetime
-    available_at: datetime
-    last_event_seq: int = 0
-    result: Any = None
-    error_code: str | None = None
-    error_message: str | None = None
-    idempotency_key: str | None = None
-    cancel_requested_at: datetime | None = None
-    finished_at: datetime | None = None
     lease: dict[str, Any] | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    backoff_base_s: int | None = None
-    backoff_cap_s: int | None = None
-    non_retryable_codes: list[str] = field(default_factory=list)
-    usage: dict[str, Any] | None = None  # tokens, cost, turns, tool calls: all attempts
-    parent_run_id: UUID | None = None
-    awaiting_children: bool = False  # pending, waiting for its children
+    usage: dict[str, Any] | None = None
     created: bool = field(default=True, compare=False)  # False: an Idempotency-Key repeat
 
     @property

@@ -12,6 +12,7 @@ from runlease.core.defaults import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, DEFAUL
 
 # Re-exported: the operator's spec.py imports it from here.
 from runlease.core.defaults import DEFAULT_RETENTION_S as DEFAULT_RETENTION_S
+from runlease.core.run_fields import RunHead
 from runlease.core.states import RunStatus
 
 _NAMES: dict[type[Any], tuple[str, ...]] = {}
@@ -41,15 +42,11 @@ class FromRow:
         return cls(**_pick(cls, row))
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
-    id: UUID
-    pool: str
-    tenant_id: str
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Run(RunHead):
+    """A run as stored: its columns by their names."""
+
     status: RunStatus
-    priority: int
-    attempts: int
-    max_attempts: int
     lease_epoch: int
     available_at: datetime
     input_json: dict[str, Any]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from uuid import UUID
 
 from runlease import metrics
@@ -34,7 +35,22 @@ from runlease.services.webhooks import WebhookSender
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ReapBounds:
+    """How much one pass may do, whatever the number of leases and finished
+    runs (production keeps the defaults; tests make them small)."""
+
+    batch: int = 1000  # rows one statement handles
+    max_batches: int = 20  # statements of one kind in one pass
+    sweep_every: int = 2  # passes from one window of the slow sweep to the next
+    sweep_rows: int = 2000  # leases in one window
+
+
 class Reaper(PeriodicService):
+    """The leader's housekeeping pass, every `interval_s`: reaping, retention,
+    folding and the economics passes (the module says what each does);
+    a process that is not the leader passes by."""
+
     name = "reaper"
 
     def __init__(
@@ -43,19 +59,13 @@ class Reaper(PeriodicService):
         elector: LeaderElector,
         *,
         interval_s: float = 5.0,
-        batch: int = 1000,
-        max_batches: int = 20,
-        sweep_every: int = 2,
-        sweep_rows: int = 2000,
+        bounds: ReapBounds = ReapBounds(),
         forget_workers_after_s: float = 600.0,
     ) -> None:
         super().__init__(interval_s)
         self.store = store
         self.elector = elector
-        self.batch = batch
-        self.max_batches = max_batches
-        self.sweep_every = sweep_every
-        self.sweep_rows = sweep_rows
+        self.bounds = bounds
         self.forget_workers_after_s = forget_workers_after_s
         self._passes = 0
         self._sweep_after: tuple[str, UUID] | None = None
@@ -76,27 +86,27 @@ class Reaper(PeriodicService):
     async def sweep(self) -> list[UUID]:
         """One window of the slow sweep: the expired leases in it."""
         expired, self._sweep_after = await self.store.sweep_leases(
-            self._sweep_after, rows=self.sweep_rows)
+            self._sweep_after, rows=self.bounds.sweep_rows)
         return expired
 
     async def _in_batches(self, batch: Callable[[], Awaitable[int]]) -> int:
         """`batch()` (one bounded batch: how many rows it did) until a batch is
-        short of self.batch or max_batches ran; how many rows in all."""
+        short of the bounds' batch or max_batches ran; how many rows in all."""
         total = 0
-        for _ in range(self.max_batches):
+        for _ in range(self.bounds.max_batches):
             n = await batch()
             total += n
-            if n < self.batch:
+            if n < self.bounds.batch:
                 break
         return total
 
     async def reap(self) -> int:
         self._passes += 1
-        also = await self.sweep() if (self._passes - 1) % self.sweep_every == 0 else []
+        also = await self.sweep() if (self._passes - 1) % self.bounds.sweep_every == 0 else []
 
         async def batch() -> int:
             nonlocal also
-            result = await self.store.reap(batch=self.batch, also=also)
+            result = await self.store.reap(batch=self.bounds.batch, also=also)
             also = []
             for run_id, pool, tenant, status in result.reaped:
                 metrics.REAPED.labels(pool, status).inc()
@@ -127,7 +137,7 @@ class Reaper(PeriodicService):
         by_pool: dict[str, int] = {}
 
         async def batch() -> int:
-            deleted = await self.store.delete_expired(batch=self.batch)
+            deleted = await self.store.delete_expired(batch=self.bounds.batch)
             for pool, count in deleted.items():
                 by_pool[pool] = by_pool.get(pool, 0) + count
             return sum(deleted.values())
@@ -140,11 +150,11 @@ class Reaper(PeriodicService):
 
     async def roll_up_usage(self) -> int:
         """Fold logged usage into the per-tenant, per-pool, per-day rollup."""
-        return await self._in_batches(lambda: self.store.usage_rollup(batch=self.batch))
+        return await self._in_batches(lambda: self.store.usage_rollup(batch=self.bounds.batch))
 
     async def wake_parents(self) -> int:
         """Parents waiting for children that have all finished become due."""
-        total = await self._in_batches(lambda: self.store.wake_parents(batch=self.batch))
+        total = await self._in_batches(lambda: self.store.wake_parents(batch=self.bounds.batch))
         if total:
             log.info("parents_woken runs=%d", total)
         return total

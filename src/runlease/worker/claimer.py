@@ -9,59 +9,48 @@ backoff; runs claimed after the drain began are handed back at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from runlease import metrics
-from runlease.clock import Clock, SystemClock
-from runlease.db.connect import Conn, connect
 from runlease.db.models import Lease
-from runlease.db.store import RunStore, stale_writes
+from runlease.db.store import stale_writes
 from runlease.errors import RunleaseError
 from runlease.services.loop import Service, jittered, sleep
+from runlease.worker.holder import LeaseHolder
 
 log = logging.getLogger(__name__)
 
 
 class ClaimLoop(Service):
+    """Claims runs for this worker's free slots as the holder; what it
+    claims goes to `start_run`, what it claims once halted goes back."""
+
     name = "claim-loop"
 
     def __init__(
         self,
-        store: RunStore,
-        url: str,
-        worker: str,
+        holder: LeaseHolder,
         *,
-        pool: str,
-        lease_s: int,
         batch: int,
         poll_interval_s: float,
-        prepare: bool,
         free_slots: Callable[[], int],
         start_run: Callable[[Lease, float], None],
         wake: asyncio.Event,
         slot_freed: asyncio.Event,
-        clock: Clock | None = None,
     ) -> None:
         """`start_run(lease, sent)` takes each claimed run (sent: when the
-        claim was sent, by `clock`, where its fence starts). `wake` is set by
-        the pool's NOTIFY, `slot_freed` when a run ends."""
+        claim was sent, by the holder's clock, where its fence starts). `wake`
+        is set by the pool's NOTIFY, `slot_freed` when a run ends."""
         super().__init__()
-        self.store = store
-        self.url = url
-        self.worker = worker
-        self.pool = pool
-        self.lease_s = lease_s
+        self.holder = holder
         self.batch = batch
         self.poll_interval_s = poll_interval_s
-        self.prepare = prepare
         self.free_slots = free_slots
         self.start_run = start_run
         self.wake = wake
         self.slot_freed = slot_freed
-        self.clock: Clock = clock or SystemClock()
-        self._conn: Conn | None = None
+        self._db = holder.own_connection("runlease-claim")
         self._retry_s = 0.1
 
     @property
@@ -108,32 +97,26 @@ class ClaimLoop(Service):
         if n <= 0:
             return 0.0
         self.wake.clear()
+        h = self.holder
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = await connect(self.url, prepare=self.prepare,
-                                           application_name="runlease-claim")
-            sent = self.clock.monotonic()
-            leases = await self.store.claim(self.pool, self.worker, n, lease_s=self.lease_s,
-                                            conn=self._conn)
+            conn = await self._db.get()
+            sent = h.clock.monotonic()
+            leases = await h.store.claim(h.pool, h.worker, n, lease_s=h.lease_s, conn=conn)
         except (RunleaseError, OSError) as exc:
             delay, self._retry_s = self._retry_s, min(5.0, self._retry_s * 2)
             log.warning("claim_failed error=%s retry_in_s=%.2f", exc, delay)
             await self.close()
             return delay
         self._retry_s = 0.1
-        metrics.child(metrics.CLAIM_LATENCY, self.pool).observe(self.clock.monotonic() - sent)
+        metrics.child(metrics.CLAIM_LATENCY, h.pool).observe(h.clock.monotonic() - sent)
         if self.stopping.is_set():  # claimed while the drain began: hand them back at once
-            released = await self.store.release(self.worker,
-                                                [(x.run_id, x.epoch) for x in leases])
+            released = await h.store.release(h.worker, [(x.run_id, x.epoch) for x in leases])
             if len(released) < len(leases):
-                stale_writes(self.pool, len(leases) - len(released))
+                stale_writes(h.pool, len(leases) - len(released))
             return 0.0
         for lease in leases:
             self.start_run(lease, sent)
         return jittered(self.poll_interval_s) if len(leases) < n else 0.0
 
     async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
+        await self._db.close()

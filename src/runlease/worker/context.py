@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import Budget, ResultRefused
@@ -66,6 +66,14 @@ class RunContext:
         clock: Clock | None = None,
     ) -> None:
         self.lease = lease
+        # What the run is: what agents read, fixed for the context's life.
+        run = lease.run
+        self.run_id: Final[Any] = run.id
+        self.tenant_id: Final[str] = run.tenant_id
+        self.pool: Final[str] = run.pool
+        self.attempt: Final[int] = run.attempts
+        self.lease_epoch: Final[int] = lease.epoch
+        self.input: Final[dict[str, Any]] = run.input_json
         self._clock: Clock = clock or SystemClock()
         self._fence = fence
         self.store = store
@@ -109,32 +117,6 @@ class RunContext:
         usage count unwritten, no HTTP client (the worker's quick ending)."""
         return ((self._stream is None or self._stream.idle) and self._http is None
                 and self._budget.synced)
-
-    # -- what the run is ------------------------------------------------------
-
-    @property
-    def run_id(self) -> Any:
-        return self.lease.run.id
-
-    @property
-    def tenant_id(self) -> str:
-        return self.lease.run.tenant_id
-
-    @property
-    def pool(self) -> str:
-        return self.lease.run.pool
-
-    @property
-    def attempt(self) -> int:
-        return self.lease.run.attempts
-
-    @property
-    def lease_epoch(self) -> int:
-        return self.lease.epoch
-
-    @property
-    def input(self) -> dict[str, Any]:
-        return self.lease.run.input_json
 
     # -- cancellation and budgets ------------------------------------------------
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from functools import partial
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import Any
 
 from runlease import metrics
@@ -28,6 +29,28 @@ class StopReason(enum.Enum):
     DEADLINE = "deadline"
 
 
+@dataclass(frozen=True)
+class AttemptTerms:
+    """What every attempt on one worker is held to: the same for all, so the
+    worker builds it once (from its settings and its pool's row)."""
+
+    lease_s: float
+    margin_s: float
+    cancel_grace_s: float
+    kill_grace_s: float
+    tool_grant: frozenset[str] = frozenset()
+    # The worker's monotonic clock, which alone judges the fence (a
+    # ManualClock in tests, so the fence is driven without sleeping).
+    clock: Clock = field(default_factory=SystemClock)
+
+    @cached_property  # read at every renewal of every run held
+    def fence_after_s(self) -> float:
+        """Self-fencing: how long after a claim (or a renewal) was sent the
+        attempt stops, before the lease could expire (the database set
+        locked_until after the send)."""
+        return self.lease_s - self.margin_s
+
+
 class RunHandle:
     """One attempt of one run on this worker: its lease, its agent task, its
     tools, and why it stops. Every write for the attempt goes through its own
@@ -37,31 +60,19 @@ class RunHandle:
     def __init__(
         self,
         lease: Lease,
+        terms: AttemptTerms,
         *,
         claimed_at: float,
-        lease_s: float,
-        margin_s: float,
-        cancel_grace_s: float,
-        kill_grace_s: float,
         previous: RunHandle | None = None,
-        tool_grant: frozenset[str] = frozenset(),
-        clock: Clock | None = None,
     ) -> None:
         self.lease = lease
-        # The worker's monotonic clock, which alone judges the fence (a
-        # ManualClock in tests, so the fence is driven without sleeping).
-        self.clock: Clock = clock or SystemClock()
+        self.terms = terms
         self.claimed_at = claimed_at
-        # Self-fencing: stop before the lease could expire. The claim (or the
-        # renewal) was sent at `sent`; the database set locked_until after that.
-        self.lease_s = lease_s
-        self.margin_s = margin_s
-        self.fence_at = claimed_at + lease_s - margin_s
+        self.fence_at = claimed_at + terms.fence_after_s
         # The run id as text, made once: task names and the tools' env use it.
         self.rid = str(lease.run_id)
         self.cancel = asyncio.Event()
-        self.cancel_grace_s = cancel_grace_s
-        self.tools = ToolRunner(self.cancel, kill_grace_s, grant=tool_grant,
+        self.tools = ToolRunner(self.cancel, terms.kill_grace_s, grant=terms.tool_grant,
                                 run_env=partial(run_vars, self.rid, lease.run.attempts,
                                                 lease.epoch))
         self.reason: StopReason | None = None
@@ -108,7 +119,7 @@ class RunHandle:
         attempt is self-fenced here, whoever noticed first)."""
         if not self.writes_allowed:
             return False
-        now = self.clock.monotonic()
+        now = self.terms.clock.monotonic()
         if now >= self.fence_at:
             self.self_fence(now)
             return False
@@ -119,11 +130,11 @@ class RunHandle:
             return
         metrics.child(metrics.SELF_FENCED, self.pool).inc()
         log.error("run_self_fenced run_id=%s since_renewal_s=%.2f", self.run_id,
-                  now - (self.fence_at - self.lease_s + self.margin_s))
+                  now - (self.fence_at - self.terms.fence_after_s))
         self.stop(StopReason.SELF_FENCED)
 
     def renewed(self, sent_at: float) -> None:
-        self.fence_at = sent_at + self.lease_s - self.margin_s
+        self.fence_at = sent_at + self.terms.fence_after_s
 
     def request_cancel(self) -> None:
         """The user's Stop reached this worker (NOTIFY or the heartbeat flag)."""
@@ -135,7 +146,7 @@ class RunHandle:
         metrics.child(metrics.CANCELS, self.pool).inc()
         log.info("run_cancel_requested run_id=%s", self.run_id)
         if self.task is not None:
-            asyncio.get_running_loop().call_later(self.cancel_grace_s, self._cancel_task)
+            asyncio.get_running_loop().call_later(self.terms.cancel_grace_s, self._cancel_task)
 
     def stop(self, reason: StopReason) -> None:
         """Stop now: drain, lost lease, self-fencing or the deadline."""

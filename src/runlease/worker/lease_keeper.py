@@ -21,52 +21,40 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from runlease import metrics
-from runlease.clock import Clock, SystemClock
-from runlease.db.connect import Conn, connect
 from runlease.db.models import HeartbeatResult
-from runlease.db.store import Registration, RunStore, stale_writes
+from runlease.db.store import Registration, stale_writes
 from runlease.services.loop import Service, sleep
 from runlease.worker.handle import RunHandle, StopReason
+from runlease.worker.holder import LeaseHolder
 
 log = logging.getLogger(__name__)
 
 
 class LeaseKeeper(Service):
+    """Renews the leases of `runs` (and the worker's registry row) as the
+    holder, and stops each run by its own fence when renewals fail."""
+
     name = "lease-keeper"
 
     def __init__(
         self,
-        store: RunStore,
-        url: str,
-        worker: str,
+        holder: LeaseHolder,
         runs: Collection[RunHandle],
         *,
-        pool: str,
-        lease_s: int,
         interval_s: float,
-        prepare: bool = True,
         on_lost: Callable[[RunHandle, StopReason], None],
-        clock: Clock | None = None,
         registry: Registration | None = None,
     ) -> None:
         super().__init__()
-        # The worker's monotonic clock: the fence and the heartbeat schedule
-        # are read from it (sleeps are the event loop's own, whatever it says).
-        self.clock: Clock = clock or SystemClock()
-        self.store = store
-        self.url = url
-        self.worker = worker
+        self.holder = holder
+        self.clock = holder.clock
         self.runs = runs
-        self.pool = pool
-        self.lease_s = lease_s
         self.interval_s = interval_s
-        self.prepare = prepare
         self.on_lost = on_lost
         self.registry = registry
-        self._conn: Conn | None = None
+        self._db = holder.own_connection("runlease-heartbeat")
         self.last_loop = self.clock.monotonic()  # for /healthz
         self.wakeup = asyncio.Event()
-        self._closing: set[asyncio.Task[None]] = set()
         self.max_delay_s = 0.0  # the longest stall seen, for tests and /healthz
 
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -109,7 +97,7 @@ class LeaseKeeper(Service):
         finally:
             if beat is not None:
                 beat.cancel()
-            await self._close()
+            await self._db.close(1.0)
 
     def observe_delay(self, late_s: float) -> None:
         """The keeper woke late_s after it meant to: the event loop was busy
@@ -117,7 +105,7 @@ class LeaseKeeper(Service):
         the fence that follows judges the runs by the clock all the same."""
         late_s = max(0.0, late_s)
         self.max_delay_s = max(self.max_delay_s, late_s)
-        metrics.child(metrics.HEARTBEAT_DELAY, self.pool).observe(late_s)
+        metrics.child(metrics.HEARTBEAT_DELAY, self.holder.pool).observe(late_s)
         if late_s >= max(0.5, self.interval_s / 2):
             log.warning("heartbeat_delayed late_s=%.2f interval_s=%s runs=%d: the event loop "
                         "was blocked", late_s, self.interval_s, len(self.runs))
@@ -148,26 +136,26 @@ class LeaseKeeper(Service):
             error = call.exception()
         if error is not None and not held:
             log.warning("worker_beat_failed error=%s", str(error) or type(error).__name__)
-            self._abandon()
+            self._db.abandon()
             return False
         if error is not None:
-            metrics.HEARTBEATS.labels(self.pool, "failed").inc()
+            metrics.HEARTBEATS.labels(self.holder.pool, "failed").inc()
             log.warning("heartbeat_failed runs=%d error=%s", len(held),
                         str(error) or type(error).__name__)
-            self._abandon()
+            self._db.abandon()
             return False
         result = call.result()
         if not held:
             return True
-        metrics.HEARTBEATS.labels(self.pool, "ok").inc()
+        metrics.HEARTBEATS.labels(self.holder.pool, "ok").inc()
         for run_id in result.held:
             held[run_id].renewed(sent)
         for run_id in result.lost:
             handle = held[run_id]
             if handle.closing:
                 continue  # its ack (or nack...) committed first: nothing was lost
-            metrics.child(metrics.LEASES_LOST, self.pool).inc()
-            stale_writes(self.pool)  # the renewal was refused
+            metrics.child(metrics.LEASES_LOST, self.holder.pool).inc()
+            stale_writes(self.holder.pool)  # the renewal was refused
             log.error("lease_lost run_id=%s epoch=%s", run_id, handle.lease.epoch)
             self.on_lost(handle, StopReason.LEASE_LOST)
         for run_id in result.cancel_requested:
@@ -175,33 +163,8 @@ class LeaseKeeper(Service):
         return True
 
     async def _renew(self, held: dict[Any, RunHandle]) -> HeartbeatResult:
-        conn = await self._connection()
-        return await self.store.heartbeat(
-            self.worker, [(i, h.lease.epoch) for i, h in held.items()], lease_s=self.lease_s,
+        conn = await self._db.get()
+        h = self.holder
+        return await h.store.heartbeat(
+            h.worker, [(i, x.lease.epoch) for i, x in held.items()], lease_s=h.lease_s,
             registry=self.registry, conn=conn)
-
-    def _abandon(self) -> None:
-        """Drop the connection without waiting on it; the next beat opens another."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            task = asyncio.ensure_future(self._close_quietly(conn))
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
-
-    @staticmethod
-    async def _close_quietly(conn: Conn, timeout_s: float = 5.0) -> None:
-        try:
-            await asyncio.wait_for(conn.close(), timeout_s)
-        except Exception:  # a broken socket may raise anything
-            log.debug("heartbeat_connection_close_failed", exc_info=True)
-
-    async def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            self._conn = await connect(self.url, prepare=self.prepare,
-                                       application_name="runlease-heartbeat")
-        return self._conn
-
-    async def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await self._close_quietly(conn, 1.0)

@@ -195,7 +195,7 @@ class Runner:
         run = handle.lease.run
         metrics.child(metrics.RUNS_FINISHED, run.pool, outcome).inc()
         metrics.child(metrics.RUN_DURATION, run.pool, outcome).observe(
-            handle.clock.monotonic() - handle.claimed_at)
+            handle.terms.clock.monotonic() - handle.claimed_at)
         # A run that simply succeeded is logged at DEBUG: a busy worker
         # finishes thousands a second, and metrics count them.
         log.log(logging.DEBUG if outcome == Outcome.DONE else logging.INFO,
@@ -237,7 +237,7 @@ class Runner:
             RunContext, asyncio.Task[Any], asyncio.TimerHandle | None]:
         handle.previous = None  # nothing more to wait for; let it be collected
         ctx = RunContext(handle.lease, self.store, cancel=handle.cancel, tools=handle.tools,
-                         started=handle.claimed_at, fence=handle, clock=handle.clock)
+                         started=handle.claimed_at, fence=handle, clock=handle.terms.clock)
         deadline = None
         if (left := ctx.deadline_left_s) is not None:
             deadline = asyncio.get_running_loop().call_later(
@@ -370,6 +370,6 @@ class Runner:
                 if not handle.may_write():
                     raise LeaseLost(handle.run_id, handle.lease.epoch) from exc
                 log.warning("run_write_retry run_id=%s error=%s", handle.run_id, exc)
-                left_s = handle.fence_at - handle.clock.monotonic()
+                left_s = handle.fence_at - handle.terms.clock.monotonic()
                 await asyncio.sleep(min(delay, max(0.0, left_s)))
                 delay = min(2.0, delay * 2)

@@ -46,7 +46,8 @@ from runlease.settings.worker import load_agent
 from runlease.worker import toolenv
 from runlease.worker.acker import Acker
 from runlease.worker.claimer import ClaimLoop
-from runlease.worker.handle import RunHandle, StopReason
+from runlease.worker.handle import AttemptTerms, RunHandle, StopReason
+from runlease.worker.holder import LeaseHolder
 from runlease.worker.lease_keeper import LeaseKeeper
 from runlease.worker.runner import Agent, Runner
 
@@ -131,17 +132,16 @@ class Worker:
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack, spawn=self._spawn,
                              ended=self._ended)
-        self.keeper = LeaseKeeper(self.store, self.url, self.identity, self.active, pool=s.pool,
-                                  lease_s=s.lease_s, interval_s=s.heartbeat_interval_s,
-                                  prepare=s.prepared_statements, on_lost=self._lost,
-                                  clock=self.clock, registry=self.registration)
-        self.claims = ClaimLoop(self.store, self.url, self.identity, pool=s.pool,
-                                lease_s=s.lease_s, batch=s.batch,
-                                poll_interval_s=s.poll_interval_s,
-                                prepare=s.prepared_statements,
+        self.terms = AttemptTerms(s.lease_s, s.margin_s, s.cancel_grace_s, s.tool_kill_grace_s,
+                                  self.tool_grant, self.clock)
+        holder = LeaseHolder(self.store, self.url, self.identity, pool=s.pool,
+                             lease_s=s.lease_s, prepare=s.prepared_statements, clock=self.clock)
+        self.keeper = LeaseKeeper(holder, self.active, interval_s=s.heartbeat_interval_s,
+                                  on_lost=self._lost, registry=self.registration)
+        self.claims = ClaimLoop(holder, batch=s.batch, poll_interval_s=s.poll_interval_s,
                                 free_slots=lambda: s.concurrency - len(self.active),
                                 start_run=self._start, wake=self._wake,
-                                slot_freed=self._slot_freed, clock=self.clock)
+                                slot_freed=self._slot_freed)
         self.listener = (Listener(s.listen_database_url or self.url,
                                   {pool_channel(s.pool): lambda _: self._wake.set(),
                                    CANCEL_CHANNEL: self._on_cancel_notify},
@@ -284,10 +284,7 @@ class Worker:
                 log.error("lease_lost run_id=%s epoch=%s reclaimed_as_epoch=%s", lease.run_id,
                           previous.lease.epoch, lease.epoch)
             previous.stop(StopReason.LEASE_LOST)
-        handle = RunHandle(lease, claimed_at=claimed_at, lease_s=s.lease_s,
-                           margin_s=s.margin_s, cancel_grace_s=s.cancel_grace_s,
-                           kill_grace_s=s.tool_kill_grace_s, previous=previous,
-                           tool_grant=self.tool_grant, clock=self.clock)
+        handle = RunHandle(lease, self.terms, claimed_at=claimed_at, previous=previous)
         self.held[lease.run_id] = handle
         self.active.add(handle)
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()

@@ -1,0 +1,79 @@
+"""The lease holder: what the claim loop and the lease keeper share.
+
+Both act for this worker, in its pool, by the same lease length and the same
+monotonic clock, and each on a connection of its own (a claim or a renewal
+must never wait for a connection the runs' writes hold). The worker builds
+one LeaseHolder and hands it to both, so they cannot claim by one set of
+terms and renew by another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
+
+from runlease.clock import Clock, SystemClock
+from runlease.db.connect import Conn, connect
+from runlease.db.store import RunStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """This worker as the holder of its pool's leases."""
+
+    store: RunStore
+    url: str
+    worker: str
+    _: KW_ONLY
+    pool: str
+    lease_s: int
+    prepare: bool = True
+    # The worker's monotonic clock: the fence and the heartbeat schedule are
+    # read from it (sleeps are the event loop's own, whatever it says).
+    clock: Clock = field(default_factory=SystemClock)
+
+    def own_connection(self, application_name: str) -> OwnConnection:
+        return OwnConnection(partial(connect, self.url, prepare=self.prepare,
+                                     application_name=application_name))
+
+
+class OwnConnection:
+    """One loop's dedicated connection: opened when first needed, and again
+    after it was dropped."""
+
+    def __init__(self, open_: Callable[[], Awaitable[Conn]]) -> None:
+        self._open = open_
+        self.conn: Conn | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def get(self) -> Conn:
+        if self.conn is None or self.conn.closed:
+            self.conn = await self._open()
+        return self.conn
+
+    def abandon(self) -> None:
+        """Drop the connection without waiting on it (its socket may be dead);
+        the next get() opens another."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            task = asyncio.ensure_future(_close_quietly(conn, 5.0))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Drop the connection and wait for it to close (for timeout_s at most)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await _close_quietly(conn, timeout_s)
+
+
+async def _close_quietly(conn: Conn, timeout_s: float | None) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), timeout_s)
+    except Exception:  # a broken socket may raise anything
+        log.debug("own_connection_close_failed", exc_info=True)
