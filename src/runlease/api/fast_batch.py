@@ -29,7 +29,8 @@ class FastBatch(FastSubmit):
     async def _submit(self, scope: Scope, raw: bytes, receive: Receive, send: Send) -> bool:
         """Answers the batch and returns True, or returns False having sent nothing."""
         state = self.state
-        if state.store is None or state.waker is None:
+        live = state.live
+        if live is None:
             return False
         found: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:
@@ -49,7 +50,7 @@ class FastBatch(FastSubmit):
         scope["route"] = self._route()  # for the request metrics' path label
         state.fast_batches += 1
         try:
-            response = await batch.answer_batch(body, who, state.store, state.waker)
+            response = await batch.answer_batch(body, who, live.store, live.waker)
         except Exception as exc:  # the app's handler renders it, or it is raised
             await self._error(scope, receive, send, exc)
             return True

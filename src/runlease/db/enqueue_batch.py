@@ -17,6 +17,7 @@ leased, finished...).
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,13 @@ from runlease.db.models import Run
 from runlease.db.queries import sql
 from runlease.db.runs import NewRun, QueueStore
 from runlease.errors import BatchRefused, ItemError, RunleaseError
+
+# A number jsonb stores as a decimal and writes back otherwise than the
+# text sent: with an exponent (1e+300 comes back as 1 and 300 zeros, which
+# reads as an integer), or a negative zero. Such a run's answer is read
+# back, as GET shows it. The pattern also matches inside strings: those
+# runs are read back for nothing, rarely.
+_NORMALIZED = re.compile(r"[0-9][eE]|-0\.0(?![0-9])")
 
 _USAGE = ('"usage":{"input_tokens":0,"output_tokens":0,"cost":0.0,"turns":0,'
           '"tool_calls":0},"parent_run_id":null,"awaiting_children":false}')
@@ -103,10 +111,14 @@ class BatchStore(QueueStore):
                 rows = await cur.fetchall()
             outcomes = await self._batch_outcomes(params, rows, c)
             refuse(len(runs), outcomes)  # rolls the batch back
-            existing = [UUID(o) for o in outcomes if isinstance(o, str)]
-            if existing:
+            # Existing runs, and new ones whose input jsonb writes otherwise
+            # (see _NORMALIZED), are read whole, in the transaction.
+            whole = [UUID(o) for o in outcomes if isinstance(o, str)] + [
+                UUID(o[0]) for o, text in zip(outcomes, params["inputs"], strict=True)
+                if isinstance(o, tuple) and _NORMALIZED.search(text)]
+            if whole:
                 found = {str(r["id"]): Run.from_row(r)
-                         for r in await self._rows("run_get_many", {"ids": existing}, c)}
+                         for r in await self._rows("run_get_many", {"ids": whole}, c)}
         done = BatchEnqueued([], [])
         texts = _Texts()
         for outcome, run_pool, tenant, priority, key, input_text, budget, labels, retry in zip(
@@ -119,6 +131,13 @@ class BatchStore(QueueStore):
                 continue
             run_id, _, max_attempts, created_at, available_at = outcome[:5]
             created = texts.time(created_at)
+            done.created.append(True)
+            done.submitted[run_pool] += 1
+            if available_at is None:  # startable now
+                done.ready.add(run_pool)
+            if run_id in found:
+                done.runs.append(found[run_id])
+                continue
             done.runs.append(
                 f'{{"id":"{run_id}",{texts.head(run_pool, tenant, priority)}{max_attempts},'
                 f'"input":{input_text},"budget":{budget},"result":null,"error_code":null,'
@@ -128,10 +147,6 @@ class BatchStore(QueueStore):
                 f'"created_at":{created},'
                 f'"updated_at":{created},"finished_at":null,"last_event_seq":0,"lease":null,'
                 f'"labels":{labels or "{}"},{texts.retry(retry)},{_USAGE}')
-            done.created.append(True)
-            done.submitted[run_pool] += 1
-            if available_at is None:  # startable now
-                done.ready.add(run_pool)
         return done
 
     async def _batch_outcomes(self, params: dict[str, Any], rows: list[tuple[Any, ...]],
