@@ -92,16 +92,22 @@ async def answer_batch(body: RunBatchIn, who: Principal, store: RunStore,
                        waker: PoolWaker) -> Response:
     """The route's answer, which api/fast_batch.py also gives."""
     runs = []
+    alone = False  # an item with a parent or a webhook
+    own = None if who.admin else who.tenant_id
     for i, item in enumerate(body.runs):
-        try:
-            tenant = tenant_for(item.tenant_id, who)  # a 403 as for one submit
-        except ErrorAnswer as exc:
-            field = f"runs[{i}].tenant_id"
-            raise ErrorAnswer(exc.status, exc.code, f"runs[{i}].{exc.message}", field) from None
+        tenant = item.tenant_id
+        if own is None or (tenant is not None and tenant != own):
+            try:
+                tenant = tenant_for(tenant, who)  # a 403 as for one submit
+            except ErrorAnswer as exc:
+                field = f"runs[{i}].tenant_id"
+                raise ErrorAnswer(exc.status, exc.code, f"runs[{i}].{exc.message}",
+                                  field) from None
         # The body was JSON (JsonBody, or api/fast_batch.py).
-        runs.append(new_run(item, tenant, item.idempotency_key, input_parsed=True))
-    if any(item.parent_run_id is not None or item.webhook_url is not None
-           for item in body.runs):
+        runs.append(new_run(item, tenant or own or "", item.idempotency_key,
+                            input_parsed=True))
+        alone = alone or item.parent_run_id is not None or item.webhook_url is not None
+    if alone:
         return _answer(await _enqueue(store, body, runs, admin=who.admin), waker,
                        admin=who.admin)
     async with submit_slots(store, _wanted(body, runs)) as conn:

@@ -29,14 +29,17 @@
 -- when the input is the same and no row when it differs.
 -- A run for later (run_at / delay_s, by the database clock) is inserted
 -- delayed: out of the claim's indexes until runlease_claim promotes it.
-WITH {{clock}}, {{enqueue_runs}}
+WITH {{clock}}, {{enqueue_insert}}
+    RETURNING r.*, (r.xmax = 0) AS inserted
+), {{enqueue_after}}
 SELECT ins.* FROM ins CROSS JOIN notify;
 
 
--- part: enqueue_runs
--- The CTEs of run_enqueue (input, lanes, ins, indexed, labelled, notify),
--- after {{clock}}: run_enqueue returns the rows of `ins` whole,
--- run_enqueue_batch (run_batch.sql) what a batch's answer needs of them.
+-- part: enqueue_insert
+-- The CTEs of run_enqueue after {{clock}} up to the RETURNING of `ins`,
+-- which each statement writes (run_enqueue returns the rows whole,
+-- run_enqueue_batch in run_batch.sql what a batch's answer needs of them);
+-- then `), {{enqueue_after}}`.
 input AS (
     SELECT i.*,
            greatest(coalesce(i.run_at, clock.ts + make_interval(secs => i.delay_s), clock.ts),
@@ -93,8 +96,12 @@ input AS (
         ON CONFLICT (pool, tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL
         DO UPDATE SET idempotency_key = excluded.idempotency_key
            WHERE r.input_json = excluded.input_json
-    RETURNING r.*, (r.xmax = 0) AS inserted
-), indexed AS (
+
+
+-- part: enqueue_after
+-- The CTEs of run_enqueue after `ins`: they read its id, pool, tenant_id,
+-- labels, delayed and inserted.
+indexed AS (
     INSERT INTO agent_run_tenant_index (tenant_id, run_id)
     SELECT ins.tenant_id, ins.id FROM ins WHERE ins.inserted
 ), labelled AS (
