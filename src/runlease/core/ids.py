@@ -13,6 +13,7 @@ import time
 from uuid import UUID
 
 _lock = threading.Lock()
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 _last_ms = 0
 _seq = 0
 
@@ -33,7 +34,7 @@ def uuid7_texts(n: int) -> list[str]:
     millisecond by this process strictly increasing.
     """
     global _last_ms, _seq
-    stamps: list[int] = []
+    stamps: list[tuple[int, int]] = []
     with _lock:
         now_ms = time.time_ns() // 1_000_000
         for _ in range(n):
@@ -45,12 +46,17 @@ def uuid7_texts(n: int) -> list[str]:
             else:
                 _last_ms = now_ms
                 _seq = int.from_bytes(os.urandom(2), "big") & 0x3FF  # leave room to count up
-            stamps.append((_last_ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | _seq << 64
-                          | 0b10 << 62)
-    rand = os.urandom(8 * n)
-    low = (1 << 62) - 1
+            stamps.append((_last_ms, _seq))
+    # The 62 random bits as hex: the variant's digit (10 then 2 random bits),
+    # then 15 random digits.
+    rand = os.urandom(8 * n).hex()
     texts = []
-    for i, stamp in enumerate(stamps):
-        h = f"{stamp | int.from_bytes(rand[8 * i:8 * i + 8], 'big') & low:032x}"
-        texts.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    shown_ms, prefix = -1, ""
+    for i, (ms, seq) in enumerate(stamps):
+        if ms != shown_ms:  # the millisecond and the version, once per millisecond
+            shown_ms, stamp = ms, ms & ((1 << 48) - 1)
+            prefix = f"{stamp >> 16:08x}-{stamp & 0xFFFF:04x}-7"
+        j = 16 * i
+        texts.append(f"{prefix}{seq:03x}-{_VARIANT[rand[j]]}{rand[j + 1:j + 4]}-"
+                     f"{rand[j + 4:j + 16]}")
     return texts
