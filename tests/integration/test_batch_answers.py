@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from runlease import metrics
 from runlease.db.models import Pool
 from runlease.db.store import RunStore
 from tests.support.api import Api
@@ -56,9 +57,13 @@ async def test_each_new_run_is_answered_as_get_shows_it(api: Api, live_store: Ru
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as acme, \
             httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as admin:
         before = fast(api)
+        counted = metrics.API_REQUESTS.labels("POST", "/v1/runs/batch", "201")._value.get()
         r = await acme.post("/v1/runs/batch", json={"runs": items})
         assert r.status_code == 201, r.text
         assert fast(api) == before + 1
+        # Counted under the route's path, as the route's answer is.
+        assert metrics.API_REQUESTS.labels("POST", "/v1/runs/batch", "201")._value.get() == (
+            counted + 1)
         answer = r.json()
         assert answer["created"] == [True] * len(items)
         await same_as_get(acme, answer)
