@@ -22,14 +22,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from psycopg.rows import tuple_row
 from pydantic_core import to_json
 
 from runlease.core.backoff import RetryPolicy
-from runlease.db.enqueue_explain import Explainer
+from runlease.db.enqueue_explain import enqueue_outcomes
 from runlease.db.enqueue_params import refuse
 from runlease.db.executor import Conn
 from runlease.db.models import Run
@@ -155,21 +155,14 @@ class BatchStore(QueueStore):
         (existing), or why the insert returned no row for it."""
         by_id = {r[0]: r for r in rows if r[1]}
         by_key = {(r[5], r[6], r[7]): r[0] for r in rows if not r[1]}
-        outcomes: list[tuple[Any, ...] | str | RunleaseError] = []
-        explain = Explainer(self, conn)
-        for run_id, pool, tenant, key, priority in zip(
-                params["ids"], params["pools"], params["tenants"], params["keys"],
-                params["priorities"], strict=True):
+
+        def found(run_id: Any, pool: str, tenant: str,
+                  key: str | None) -> tuple[Any, ...] | str | None:
             row = by_id.get(run_id)
             if row is not None:
-                outcomes.append(row)
-                continue
-            existing = by_key.get((pool, tenant, key)) if key is not None else None
-            if existing is not None:
-                outcomes.append(existing)
-                continue
-            exc = await explain.why(pool, tenant, key, priority)
-            if exc is None:
-                raise RunleaseError(f"enqueue returned no row for run {run_id}")
-            outcomes.append(exc)
-        return outcomes
+                return row
+            return by_key.get((pool, tenant, key)) if key is not None else None
+
+        # (mypy joins tuple | str to Sequence when it solves the type variable)
+        return cast(list[tuple[Any, ...] | str | RunleaseError],
+                    await enqueue_outcomes(self, conn, params, found))

@@ -13,7 +13,7 @@ from runlease.core import bounds
 from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
-from runlease.db.enqueue_explain import Explainer
+from runlease.db.enqueue_explain import enqueue_outcomes
 from runlease.db.enqueue_params import enqueue_params, refuse
 from runlease.db.executor import Conn, Executor
 from runlease.db.models import EnqueueResult, ReapResult, Run
@@ -147,20 +147,13 @@ class QueueStore(Executor):
         """Each valid run's result, or why the insert returned no row for it."""
         by_key = {(r["pool"], r["tenant_id"], r["idempotency_key"]): r for r in rows}
         by_id = {str(r["id"]): r for r in rows}
-        outcomes: list[EnqueueResult | RunleaseError] = []
-        explain = Explainer(self, c)
-        for run_id, pool, tenant, key, priority in zip(
-                params["ids"], params["pools"], params["tenants"], params["keys"],
-                params["priorities"], strict=True):
+
+        def found(run_id: Any, pool: str, tenant: str, key: str | None) -> EnqueueResult | None:
             row = by_id.get(run_id) or (by_key.get((pool, tenant, key)) if key else None)
-            if row is not None:
-                outcomes.append(EnqueueResult(Run.from_row(row), bool(row["inserted"])))
-                continue
-            exc = await explain.why(pool, tenant, key, priority)
-            if exc is None:
-                raise RunleaseError(f"enqueue returned no row for run {run_id}")
-            outcomes.append(exc)
-        return outcomes
+            return None if row is None else EnqueueResult(Run.from_row(row),
+                                                          bool(row["inserted"]))
+
+        return await enqueue_outcomes(self, c, params, found)
 
     async def _results(self, runs: Sequence[NewRun], params: dict[str, Any],
                        rows: list[Any], c: Conn | None) -> list[EnqueueResult]:
