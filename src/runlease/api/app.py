@@ -33,6 +33,7 @@ from runlease.api.auth import ADMIN, StreamTokens, TokenRegistry
 from runlease.api.deps import ApiState, Live, api_state
 from runlease.api.errors import error_response
 from runlease.api.fanout import Fanout
+from runlease.api.fast_batch import FastBatch
 from runlease.api.fast_submit import FastSubmit
 from runlease.api.feeds import FeedHub
 from runlease.api.schemas import ErrorBody
@@ -222,6 +223,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     console.install(app, settings)
     # Innermost of the middlewares: inside the body bound, metrics and CORS.
     app.add_middleware(FastSubmit, api=app, state=state)
+    app.add_middleware(FastBatch, api=app, state=state)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_origins),

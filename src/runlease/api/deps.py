@@ -38,6 +38,7 @@ class ApiState:
     stream_tokens: StreamTokens
     live: Live | None = None  # None until the lifespan starts
     fast_submits: int = 0  # answered by api/fast_submit.py (tests, the bench)
+    fast_batches: int = 0  # read by api/fast_batch.py (tests)
 
     def opened(self) -> Live:
         assert self.live is not None, "the app's lifespan has not started"

@@ -58,6 +58,8 @@ def _headers(scope: Scope) -> tuple[str, str | None] | None:
 
 
 class FastSubmit:
+    path = PATH
+
     def __init__(self, app: ASGIApp, api: FastAPI, state: ApiState) -> None:
         self.app = app
         self.api = api
@@ -65,7 +67,7 @@ class FastSubmit:
         self.route: BaseRoute | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != PATH:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
         raw, complete = await self._body(receive)
@@ -135,8 +137,12 @@ class FastSubmit:
                 return
         raise exc
 
+    @staticmethod
+    def routes() -> list[BaseRoute]:
+        return router.routes
+
     def _route(self) -> BaseRoute | None:
         if self.route is None:
-            self.route = next((r for r in router.routes if getattr(r, "path", None) == PATH
+            self.route = next((r for r in self.routes() if getattr(r, "path", None) == self.path
                                and "POST" in getattr(r, "methods", ())), None)
         return self.route

@@ -86,13 +86,15 @@ def retry_policy(body: RunCreate) -> RetryPolicy | None:
                                body.non_retryable_codes)
 
 
-def new_run(body: RunCreate, tenant: str, idempotency_key: str | None) -> NewRun:
-    """The run a submit's body asks for (single, grouped, fast path or batch item)."""
+def new_run(body: RunCreate, tenant: str, idempotency_key: str | None, *,
+            input_parsed: bool = False) -> NewRun:
+    """The run a submit's body asks for (single, grouped, fast path or batch
+    item); `input_parsed`: see NewRun."""
     return NewRun(
         tenant, body.input, body.priority, body.max_attempts,
         None if body.budget is None else body.budget.model_dump(exclude_none=True),
         idempotency_key, body.labels, body.run_at, body.delay_s, body.pool,
-        retry=retry_policy(body))
+        retry=retry_policy(body), input_parsed=input_parsed)
 
 
 SUBMIT_403 = {"model": ErrorBody,

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic_core import to_json
+
 from runlease.errors import ValidationError
 
 DEFAULT_MAX_INPUT_BYTES = 256 * 1024
@@ -184,6 +186,25 @@ def check_object(field: str, value: object, max_bytes: int) -> str:
     if not isinstance(value, Mapping):
         raise ValidationError(field, f"must be a JSON object, got {type(value).__name__}")
     return json_text(field, dict(value), max_bytes)
+
+
+def check_parsed_object(field: str, value: object, max_bytes: int) -> str:
+    """check_object for a value parsed from JSON text (only JSON's types in
+    it): the same value in the same bound, written by pydantic-core (a tenth
+    of json.dumps's time). Its text may differ from json.dumps's only in how
+    a float is written (0.000015 for 1.5e-05; json.dumps's at most a quarter
+    longer), so what is under half the bound is under it either way;
+    anything else (longer, NaN or Infinity, a lone surrogate, a NUL) is
+    checked as check_object does."""
+    if type(value) is dict:
+        try:
+            raw = to_json(value)
+        except Exception:  # check_object below names what is wrong
+            raw = None
+        if (raw is not None and len(raw) <= max_bytes // 2 and b"NaN" not in raw
+                and b"Infinity" not in raw and b"\\u0000" not in raw):
+            return raw.decode()
+    return check_object(field, value, max_bytes)
 
 
 def check_event_kind(value: object) -> str:

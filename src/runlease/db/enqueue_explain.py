@@ -4,9 +4,14 @@ run's own error."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
 from runlease.core import bounds
 from runlease.db.executor import Conn, Executor
 from runlease.errors import IdempotencyConflict, RunleaseError, UnknownPool, ValidationError
+
+T = TypeVar("T")
 
 
 class Explainer:
@@ -45,3 +50,24 @@ class Explainer:
             if found:
                 return IdempotencyConflict(found[0]["id"], key)
         return None
+
+
+async def enqueue_outcomes(store: Executor, conn: Conn | None, params: Mapping[str, Any],
+                   found: Callable[[Any, str, str, str | None], T | None]
+                   ) -> list[T | RunleaseError]:
+    """Each run of an enqueue's parameters: what `found(id, pool, tenant,
+    key)` makes of the statement's rows for it, or why it has none."""
+    out: list[T | RunleaseError] = []
+    explain = Explainer(store, conn)
+    for run_id, pool, tenant, key, priority in zip(
+            params["ids"], params["pools"], params["tenants"], params["keys"],
+            params["priorities"], strict=True):
+        outcome = found(run_id, pool, tenant, key)
+        if outcome is not None:
+            out.append(outcome)
+            continue
+        exc = await explain.why(pool, tenant, key, priority)
+        if exc is None:
+            raise RunleaseError(f"enqueue returned no row for run {run_id}")
+        out.append(exc)
+    return out

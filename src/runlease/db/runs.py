@@ -3,31 +3,27 @@ reap and retention (statements in sql/runs.sql)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from runlease.core import bounds, run_options
+from runlease.core import bounds
 from runlease.core.backoff import RetryPolicy
-from runlease.core.ids import uuid7
 from runlease.core.states import RunStatus
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
-from runlease.db.enqueue_explain import Explainer
+from runlease.db.enqueue_explain import enqueue_outcomes
+from runlease.db.enqueue_params import enqueue_params, refuse
 from runlease.db.executor import Conn, Executor
 from runlease.db.models import EnqueueResult, ReapResult, Run
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.errors import (
-    BatchConflict,
     BatchRefused,
-    IdempotencyConflict,
     InvalidTransition,
     ItemError,
     RunleaseError,
     RunNotFound,
-    UnknownPool,
     ValidationError,
 )
 
@@ -40,7 +36,10 @@ def _check_batch(batch: int) -> None:
         raise ValidationError("batch", f"must be between 1 and {MAX_BATCH}")
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ sets each of its 12 fields
+# through object.__setattr__, 2 us a run of a batch of 1,000 (a run holds
+# its input, a dict, so it was never hashable either).
+@dataclass(slots=True)
 class NewRun:
     """One run to enqueue; `max_attempts` None takes the pool's default,
     `pool` None the batch's. `run_at` or `delay_s` (not both) hold it back."""
@@ -56,10 +55,9 @@ class NewRun:
     delay_s: float | None = None
     pool: str | None = None
     retry: RetryPolicy | None = None  # checked by RetryPolicy.checked
-
-
-def _js(value: object) -> str:
-    return "null" if value is None else json.dumps(value)
+    # The input was parsed from JSON text (only JSON's types in it): checked
+    # by bounds.check_parsed_object, quicker to write (the API's batches).
+    input_parsed: bool = False
 
 
 class QueueStore(Executor):
@@ -120,73 +118,8 @@ class QueueStore(Executor):
 
     def _enqueue_params(self, pool: str, runs: Sequence[NewRun]
                         ) -> tuple[dict[str, Any], list[tuple[int, ValidationError]]]:
-        """The statement's parameters: the runs as one JSON array (values
-        validated, texts spliced in as checked), and what was refused."""
-        cols: dict[str, list[Any]] = {k: [] for k in (
-            "ids", "pools", "tenants", "priorities", "keys")}
-        docs: list[str] = []
-        errors: list[tuple[int, ValidationError]] = []
-        seen_keys: set[tuple[str, str, str]] = set()
         now = datetime.now(UTC) if (db_now := self.clock.db_now()) is None else db_now
-        dumps = json.dumps
-        heads: dict[tuple[str, str, int | None, RetryPolicy], str] = {}
-        checked_labels: dict[tuple[tuple[Any, Any], ...] | None, str | None] = {}
-        for i, run in enumerate(runs):
-            where = f"runs[{i}]." if len(runs) > 1 else ""
-            try:
-                run_pool = pool if run.pool is None else bounds.check_pool(run.pool)
-                tenant = bounds.check_tenant(run.tenant_id)
-                priority = bounds.check_priority(run.priority)
-                attempts = (None if run.max_attempts is None
-                            else bounds.check_max_attempts(run.max_attempts))
-                budget = (bounds.json_text("budget", bounds.Budget.parse(run.budget).to_json(),
-                                           self.max_input_bytes)
-                          if run.budget is not None else "{}")
-                input_text = bounds.check_object("input", run.input, self.max_input_bytes)
-                seen = None
-                try:  # a batch's runs often share their labels: checked once
-                    seen = None if run.labels is None else tuple(run.labels.items())
-                    labels = checked_labels[seen]
-                except (KeyError, TypeError, AttributeError):
-                    labels = run_options.check_labels(run.labels)
-                    if seen is not None:
-                        checked_labels[seen] = labels
-                run_at, delay_s = run_options.check_start(run.run_at, run.delay_s, now)
-                key = run.idempotency_key
-                if key is not None:
-                    bounds.check_idempotency_key(key)
-                    if (run_pool, tenant, key) in seen_keys:
-                        raise ValidationError("idempotency_key", "repeated within one batch")
-                    seen_keys.add((run_pool, tenant, key))
-                retry = RetryPolicy() if run.retry is None else RetryPolicy.checked(
-                    run.retry.backoff_base_s, run.retry.backoff_cap_s,
-                    run.retry.non_retryable_codes)
-            except ValidationError as exc:
-                errors.append((i, ValidationError(where + exc.field, exc.message)
-                               if len(runs) == 1 else exc))
-                continue
-            run_id = uuid7()
-            # Texts repeated across a batch (pool, tenant, retry policy) are
-            # dumped once: json.dumps was 11 calls a run, a third of a batch.
-            head = heads.get((run_pool, tenant, attempts, retry))
-            if head is None:
-                head = heads[run_pool, tenant, attempts, retry] = (
-                    f'"pool":{dumps(run_pool)},"tenant_id":{dumps(tenant)},'
-                    f'"max_attempts":{_js(attempts)},'
-                    f'"backoff_base_s":{_js(retry.backoff_base_s)},'
-                    f'"backoff_cap_s":{_js(retry.backoff_cap_s)},'
-                    f'"non_retryable_codes":{_js(retry.non_retryable_codes)}')
-            docs.append(
-                f'{{"ord":{i},"id":"{run_id}",{head},"priority":{priority},'
-                f'"budget_json":{budget},"input_json":{input_text},'
-                f'"idempotency_key":{_js(key)},"labels":{labels or "null"},'
-                f'"run_at":{"null" if run_at is None else dumps(run_at.isoformat())},'
-                f'"delay_s":{_js(delay_s)}}}')
-            for column, value in zip(cols.values(), (run_id, run_pool, tenant, priority, key),
-                                     strict=True):
-                column.append(value)
-        return {**cols, "runs": "[" + ",".join(docs) + "]",
-                "channel_prefix": POOL_CHANNEL_PREFIX}, errors
+        return enqueue_params(pool, runs, now, self.max_input_bytes)
 
     async def enqueue_each(self, runs: Sequence[NewRun], *,
                            conn: Conn) -> list[EnqueueResult | RunleaseError]:
@@ -213,46 +146,20 @@ class QueueStore(Executor):
                         c: Conn | None) -> list[EnqueueResult | RunleaseError]:
         """Each valid run's result, or why the insert returned no row for it."""
         by_key = {(r["pool"], r["tenant_id"], r["idempotency_key"]): r for r in rows}
-        by_id = {r["id"]: r for r in rows}
-        outcomes: list[EnqueueResult | RunleaseError] = []
-        explain = Explainer(self, c)
-        for run_id, pool, tenant, key, priority in zip(
-                params["ids"], params["pools"], params["tenants"], params["keys"],
-                params["priorities"], strict=True):
+        by_id = {str(r["id"]): r for r in rows}
+
+        def found(run_id: Any, pool: str, tenant: str, key: str | None) -> EnqueueResult | None:
             row = by_id.get(run_id) or (by_key.get((pool, tenant, key)) if key else None)
-            if row is not None:
-                outcomes.append(EnqueueResult(Run.from_row(row), bool(row["inserted"])))
-                continue
-            exc = await explain.why(pool, tenant, key, priority)
-            if exc is None:
-                raise RunleaseError(f"enqueue returned no row for run {run_id}")
-            outcomes.append(exc)
-        return outcomes
+            return None if row is None else EnqueueResult(Run.from_row(row),
+                                                          bool(row["inserted"]))
+
+        return await enqueue_outcomes(self, c, params, found)
 
     async def _results(self, runs: Sequence[NewRun], params: dict[str, Any],
                        rows: list[Any], c: Conn | None) -> list[EnqueueResult]:
-        results: list[EnqueueResult] = []
-        refused: list[ItemError] = []
-        conflicts: list[IdempotencyConflict] = []
-        for i, outcome in enumerate(await self._outcomes(params, rows, c)):
-            if isinstance(outcome, EnqueueResult):
-                results.append(outcome)
-                continue
-            if len(runs) == 1:
-                raise outcome  # rolls back
-            if isinstance(outcome, IdempotencyConflict):
-                conflicts.append(outcome)
-                refused.append(ItemError(i, "idempotency_conflict", "idempotency_key",
-                                         str(outcome)))
-            else:
-                assert isinstance(outcome, ValidationError)
-                code = "unknown_pool" if isinstance(outcome, UnknownPool) else "invalid_request"
-                refused.append(ItemError(i, code, outcome.field, outcome.message))
-        if refused:  # rolls the batch back
-            if conflicts and len(conflicts) == len(refused):
-                raise BatchConflict(refused, conflicts[0])
-            raise BatchRefused(refused)
-        return results
+        outcomes = await self._outcomes(params, rows, c)
+        refuse(len(runs), outcomes)
+        return [o for o in outcomes if isinstance(o, EnqueueResult)]
 
     async def request_cancel(
         self, run_id: UUID, *, tenant_id: str | None = None, strict: bool = False,

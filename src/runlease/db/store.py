@@ -5,6 +5,7 @@ each concern, each beside its statements in `sql/`:
 
     executor.py   named statements, connections, fencing, error translation
     runs.py       enqueue, read, cancel, redrive, reap, retention  (runs.sql)
+    enqueue_batch.py  a bulk submit, answered as JSON text       (run_batch.sql)
     bulk.py       bulk cancel and redrive, re-prioritise           (run_bulk.sql)
     schedules.py  cron schedules and their due ticks               (schedules.sql)
     run_search.py runs by filter (RunFilter), composed per filter
@@ -31,6 +32,7 @@ from __future__ import annotations
 from runlease.db.bulk import BulkStore
 from runlease.db.children import ChildStore
 from runlease.db.console import ConsoleStore
+from runlease.db.enqueue_batch import BatchEnqueued, BatchStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.leaders import LeaderStore
@@ -49,6 +51,7 @@ __all__ = [
     "MAX_BATCH",
     "MAX_CLAIM_BATCH",
     "MAX_LIST_LIMIT",
+    "BatchEnqueued",
     "Conn",
     "NewRun",
     "QueueStats",
@@ -61,7 +64,7 @@ __all__ = [
 ]
 
 
-class RunStore(BulkStore, ScheduleStore, ChildStore, QueueStore, SearchStore, LeaseStore,
-               EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore, UsageStore,
-               RateStore, WebhookStore, ConsoleStore):
+class RunStore(BulkStore, ScheduleStore, ChildStore, BatchStore, QueueStore, SearchStore,
+               LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore,
+               UsageStore, RateStore, WebhookStore, ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -29,7 +29,18 @@
 -- when the input is the same and no row when it differs.
 -- A run for later (run_at / delay_s, by the database clock) is inserted
 -- delayed: out of the claim's indexes until runlease_claim promotes it.
-WITH {{clock}}, input AS (
+WITH {{clock}}, {{enqueue_insert}}
+    RETURNING r.*, (r.xmax = 0) AS inserted
+), {{enqueue_after}}
+SELECT ins.* FROM ins CROSS JOIN notify;
+
+
+-- part: enqueue_insert
+-- The CTEs of run_enqueue after {{clock}} up to the RETURNING of `ins`,
+-- which each statement writes (run_enqueue returns the rows whole,
+-- run_enqueue_batch in run_batch.sql what a batch's answer needs of them);
+-- then `), {{enqueue_after}}`.
+input AS (
     SELECT i.*,
            greatest(coalesce(i.run_at, clock.ts + make_interval(secs => i.delay_s), clock.ts),
                     clock.ts) AS due
@@ -60,33 +71,40 @@ WITH {{clock}}, input AS (
                    (SELECT r.fair_seq FROM agent_runs r
                      WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
                      ORDER BY r.fair_seq LIMIT 1),
-                   0)) AS base
+                   0)) AS base,
+           pool.name AS pool_name, pool.max_attempts AS pool_attempts,
+           coalesce(band.priority_min, -100) AS lo, coalesce(band.priority_max, 100) AS hi
       FROM (SELECT DISTINCT pool, tenant_id FROM input) l
+      -- The pool (an unknown one has no lane: its runs are not inserted)
+      -- and the tenant's band, once per lane too, not once per run.
+      JOIN agent_run_pools pool ON pool.name = l.pool
+      LEFT JOIN agent_run_tenant_limits band
+        ON band.pool = l.pool AND band.tenant_id = l.tenant_id
 ), ins AS (
     INSERT INTO agent_runs AS r
            (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
             idempotency_key, available_at, created_at, updated_at, delayed, labels,
             backoff_base_s, backoff_cap_s, non_retryable_codes)
-    SELECT i.id, pool.name, i.tenant_id, i.priority,
+    SELECT i.id, lanes.pool_name, i.tenant_id, i.priority,
            lanes.base + row_number() OVER (PARTITION BY i.pool, i.tenant_id ORDER BY i.ord) - 1,
-           coalesce(i.max_attempts, pool.max_attempts), i.budget_json, i.input_json,
+           coalesce(i.max_attempts, lanes.pool_attempts), i.budget_json, i.input_json,
            i.idempotency_key, i.due, clock.ts, clock.ts, i.due > clock.ts,
            coalesce(i.labels, '{}'::jsonb),
            i.backoff_base_s, i.backoff_cap_s, i.non_retryable_codes
       FROM input i
       JOIN lanes USING (pool, tenant_id)
-      JOIN agent_run_pools pool ON pool.name = i.pool
      CROSS JOIN clock
-      LEFT JOIN agent_run_tenant_limits band
-        ON band.pool = pool.name AND band.tenant_id = i.tenant_id
-     WHERE i.priority BETWEEN coalesce(band.priority_min, -100)
-                          AND coalesce(band.priority_max, 100)
+     WHERE i.priority BETWEEN lanes.lo AND lanes.hi
      ORDER BY i.ord
         ON CONFLICT (pool, tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL
         DO UPDATE SET idempotency_key = excluded.idempotency_key
            WHERE r.input_json = excluded.input_json
-    RETURNING r.*, (r.xmax = 0) AS inserted
-), indexed AS (
+
+
+-- part: enqueue_after
+-- The CTEs of run_enqueue after `ins`: they read its id, pool, tenant_id,
+-- labels, delayed and inserted.
+indexed AS (
     INSERT INTO agent_run_tenant_index (tenant_id, run_id)
     SELECT ins.tenant_id, ins.id FROM ins WHERE ins.inserted
 ), labelled AS (
@@ -102,7 +120,6 @@ WITH {{clock}}, input AS (
       FROM (SELECT DISTINCT ins.pool FROM ins
              WHERE ins.inserted AND NOT ins.delayed AND %(notify)s::boolean) p
 )
-SELECT ins.* FROM ins CROSS JOIN notify;
 
 
 -- name: run_get_by_keys
