@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,13 @@ INVALID_ERROR_CODE = "invalid_error_code"
 # A JSON escape of NUL: backslash-u0000 not itself preceded by an escaped
 # backslash (the text "\\u0000" in a string is an escaped backslash, then "u0000").
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# Nesting bound of every JSON value stored (inputs, results, steps, events,
+# templates): pydantic-core, which reads jsonb columns back and writes the
+# API's answers, refuses values nested over about 200 levels, so a deeper one
+# stored would answer every later read of the run with an error.
+MAX_JSON_DEPTH = 100
+_SEQUENCES = (list, tuple)
+_CONTAINERS = (dict, list, tuple)
 
 
 def _int(field: str, value: object, lo: int, hi: int) -> int:
@@ -161,25 +168,56 @@ class TooLarge(ValidationError):
     """A value over its size bound."""
 
 
-def json_text(field: str, value: object, max_bytes: int) -> str:
-    """Serialize to the JSON text that will be stored, enforcing the size bound.
+def nested_deeper_than(value: object, text: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a JSON value (`text` its JSON) nests objects and arrays over
+    `limit` levels. A text with few brackets is answered by counting them;
+    otherwise the value is walked a level at a time (no recursion: a value
+    nested thousands deep is answered, not a RecursionError)."""
+    if text.count(b"{") + text.count(b"[") <= limit:
+        return False
+    level = [value]
+    for _ in range(limit):
+        inner: list[Any] = []
+        for v in level:
+            if isinstance(v, dict):
+                inner.extend(x for x in v.values() if isinstance(x, _CONTAINERS))
+            elif isinstance(v, _SEQUENCES):
+                inner.extend(x for x in v if isinstance(x, _CONTAINERS))
+        if not inner:
+            return False
+        level = inner
+    return True
+
+
+def json_text(field: str, value: object, max_bytes: int,
+              redact: Callable[[Any], Any] | None = None) -> str:
+    """Serialize to the JSON text that will be stored (after `redact`, if
+    given), enforcing the size and the nesting bounds.
 
     PostgreSQL's jsonb rejects NaN/Infinity and the NUL character, so those are
     refused here with a field name instead of surfacing as a database error.
     """
     try:
+        if redact is not None:
+            value = redact(value)
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise NotJson(field, f"is not representable as JSON: {exc}") from None
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise NotJson(field, "must not contain the NUL character")
     try:
-        size = len(text.encode())
+        raw = text.encode()
     except UnicodeEncodeError:  # a lone surrogate: no UTF-8 for it, nor for jsonb
         raise NotJson(field, "has a character that is not valid Unicode") from None
-    if size > max_bytes:
-        raise TooLarge(field, f"is {size} bytes, over the bound of {max_bytes} bytes")
+    if len(raw) > max_bytes:
+        raise TooLarge(field, f"is {len(raw)} bytes, over the bound of {max_bytes} bytes")
+    _check_depth(field, value, raw)
     return text
+
+
+def _check_depth(field: str, value: object, raw: bytes) -> None:
+    if nested_deeper_than(value, raw):
+        raise NotJson(field, f"nests objects and arrays over {MAX_JSON_DEPTH} levels deep")
 
 
 def check_object(field: str, value: object, max_bytes: int) -> str:
@@ -203,6 +241,7 @@ def check_parsed_object(field: str, value: object, max_bytes: int) -> str:
             raw = None
         if (raw is not None and len(raw) <= max_bytes // 2 and b"NaN" not in raw
                 and b"Infinity" not in raw and b"\\u0000" not in raw):
+            _check_depth(field, value, raw)
             return raw.decode()
     return check_object(field, value, max_bytes)
 
@@ -234,10 +273,11 @@ class ResultRefused(ValidationError):
         self.code = code
 
 
-def result_text(field: str, value: object, max_bytes: int) -> str:
+def result_text(field: str, value: object, max_bytes: int,
+                redact: Callable[[Any], Any] | None = None) -> str:
     """json_text for a result: refusals carry result_not_json or result_too_large."""
     try:
-        return json_text(field, value, max_bytes)
+        return json_text(field, value, max_bytes, redact)
     except TooLarge as exc:
         raise ResultRefused(field, exc.message, "result_too_large") from None
     except ValidationError as exc:

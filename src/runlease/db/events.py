@@ -56,8 +56,8 @@ class EventStore(Executor):
             kinds.append(kind)
             if not isinstance(data, Mapping):
                 raise ValidationError("data", "must be a JSON object")
-            datas.append(bounds.json_text("data", self.redactor.json(dict(data)),
-                                          bounds.MAX_EVENT_BYTES))
+            datas.append(bounds.json_text("data", dict(data), bounds.MAX_EVENT_BYTES,
+                                          self.redactor.json))
         rows = await self._fenced("run_event_record", lease, {
             "kinds": kinds, "datas": datas, "channel": EVENTS_CHANNEL,
         }, conn)
@@ -75,8 +75,8 @@ class EventStore(Executor):
         tool printed), fenced; returns the result as stored. If the key was
         already recorded, the earlier result stays and is returned."""
         bounds.check_step_key(key)
-        text = bounds.result_text("result", self.redactor.json(result),
-                                  bounds.MAX_STEP_RESULT_BYTES)
+        text = bounds.result_text("result", result, bounds.MAX_STEP_RESULT_BYTES,
+                                  self.redactor.json)
         rows = await self._fenced("run_step_record", lease, {"key": key, "result": text}, conn)
         return rows[0]["result"]
 

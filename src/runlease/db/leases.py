@@ -56,7 +56,7 @@ class LeaseStore(WorkerStore):
         Raises ResultRefused (code result_not_json or result_too_large)."""
         if result is None:
             return None
-        return bounds.result_text("result", self.redactor.json(result), self.max_result_bytes)
+        return bounds.result_text("result", result, self.max_result_bytes, self.redactor.json)
 
     async def claim(
         self,
