@@ -27,10 +27,6 @@ if TYPE_CHECKING:
     from runlease.db.runs import NewRun
 
 
-def where(i: int, runs: Sequence[NewRun]) -> str:
-    return f"runs[{i}]." if len(runs) > 1 else ""
-
-
 def _set(name: str, value: object) -> str:
     # A member only when it is set: jsonb_to_recordset reads a missing one
     # as NULL, and every member is parsed and looked up again in the
@@ -164,7 +160,7 @@ def enqueue_params(pool: str, runs: Sequence[NewRun], now: datetime, max_input_b
                 seen_keys.add((run_pool, tenant, key))
             retry, retry_text = checks.retry(run)
         except ValidationError as exc:
-            errors.append((i, ValidationError(where(i, runs) + exc.field, exc.message)
+            errors.append((i, ValidationError(exc.field, exc.message)
                            if len(runs) == 1 else exc))
             continue
         run_id = ids[i]
