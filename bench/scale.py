@@ -31,12 +31,18 @@ Target 3, queue stats: what the operator reads each pass (queue_stats, then
 startable_runs), p99 of 100 calls, over the target-1 backlog (1,650,000
 runs; --quick: 165,000), after one fold of the counts' deltas.
 
+Target 4, streams: bench/scale_streams.py. Targets 5 and 7, the drain
+against PgQueuer and the raw floor, and through PgBouncer:
+bench/throughput.py's drains on this server (--quick: 10,000 no-op runs,
+P = 1, 2 worker processes, P = 2 also through PgBouncer; else 20,000 runs,
+P = 1, 2, 4, best of two). Target 6, memory: bench/soak.py on this server
+(--quick: 90 seconds after the warm-up; else 10 minutes). The whole --quick
+run takes about four minutes on 2 cores.
+
 The targets are a registry (TARGETS): each entry names the key of its
 section in the JSON and a function (server URL, quick) -> {"details": ...,
-"targets": [item(...), ...]}. Targets measured by another module (4-7:
-streams, the drain, memory, PgBouncer) are added as one line each to
-TARGETS with `external("module:function")`; until then they are listed
-with no value.
+"targets": [item(...), ...]}; a target another module measures is one line,
+`external("module:measure", "module:targets")`.
 
 Without --database-url an embedded PostgreSQL is started, with fsync off
 unless --durable: what is measured is the work of a statement, and on a
@@ -458,15 +464,17 @@ class Target:
     measure: Callable[[str, bool], Measured]
 
 
-def external(spec: str) -> Callable[[str, bool], Measured]:
-    """A target measured by another bench module, "module:function"
-    (imported when measured, from bench/)."""
-    module, function = spec.split(":")
+def external(measure_spec: str, targets_spec: str) -> Callable[[str, bool], Measured]:
+    """A target measured by another bench module: "module:function" of its
+    measurement, (server URL, quick) -> figures, and of its targets,
+    figures -> [item(...)] (imported when measured, from bench/)."""
+    def find(spec: str) -> Any:
+        module, function = spec.split(":")
+        return getattr(importlib.import_module(module), function)
 
     def measure(url: str, quick: bool) -> Measured:
-        found: Callable[[str, bool], Measured] = getattr(importlib.import_module(module),
-                                                         function)
-        return found(url, quick)
+        figures = find(measure_spec)(url, quick)
+        return {"details": figures, "targets": find(targets_spec)(figures)}
 
     return measure
 
@@ -501,14 +509,11 @@ TARGETS: list[Target] = [
     # Over target 1's backlog (after it), or one of its own.
     Target("3", "stats", _stats),
     Target("4", "streams", _streams),
-    # Targets 5-7: Target("5", "drain", external("module:function")), ...
+    # Both 5 and 7: the drains, direct and through PgBouncer (bench/throughput.py).
+    Target("5", "drain", external("throughput:measure", "throughput:targets")),
+    # Last: it holds 1,000 sleeping runs and 1,000 streams for minutes.
+    Target("6", "soak", external("soak:scale_measure", "soak:targets")),
 ]
-
-NOT_MEASURED = {
-    "5": "5. faster drain (bench/throughput.py)",
-    "6": "6. memory (bench/soak.py)",
-    "7": "7. behind PgBouncer",
-}
 
 
 def main() -> None:
@@ -520,8 +525,6 @@ def main() -> None:
                     help="one target's measurement")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
-    ap.add_argument("--soak", action="store_true",
-                    help="target 6: bench/soak.py --quick on the same server (+3 minutes)")
     args = ap.parse_args()
     RUNS[0] = args.runs
     sections: dict[str, Any] = {t.section: None for t in TARGETS}
@@ -532,17 +535,9 @@ def main() -> None:
                 measured = t.measure(url, args.quick)
                 sections[t.section] = measured["details"]
                 items += measured["targets"]
-    measured_keys = {t.key for t in TARGETS}
-    items += [item(name, None, "see docs/benchmarks.md", None)
-              for key, name in NOT_MEASURED.items() if key not in measured_keys]
     items.sort(key=lambda i: i["name"].split(".")[0].zfill(3))
     result = {"quick": args.quick, "durable": args.durable, "machine": machine(),
               "date": time.strftime("%Y-%m-%d"), **sections, "targets": items}
-    if args.soak:  # target 6 (bench/soak.py), after the others: it loads the machine
-        import soak
-
-        result["soak"] = soak.measure(args.database_url, quick=True)
-        result["targets"] = soak.with_memory(result["targets"], result["soak"])
     if args.json:
         emit_json(result)
         return

@@ -323,13 +323,13 @@ def targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def with_memory(items: list[dict[str, Any]], figures: dict[str, Any]) -> list[dict[str, Any]]:
-    """bench/scale.py's target list with its target-6 placeholder replaced by
-    `targets(figures)`."""
-    out: list[dict[str, Any]] = []
-    for item in items:
-        out += targets(figures) if str(item["name"]).startswith("6.") else [item]
-    return out
+def scale_measure(url: str, quick: bool) -> dict[str, Any]:
+    """Target 6 for bench/scale.py, on its server: the full soak, or with
+    --quick a 90-second one (samples every 7.5 s) to keep the run in five
+    minutes."""
+    if quick:
+        return measure(url, minutes=1.5, every_s=7.5, warmup_s=15.0)
+    return measure(url)
 
 
 def print_report(figures: dict[str, Any]) -> None:

@@ -405,6 +405,114 @@ def print_report(figures: dict[str, Any]) -> None:
                   sep="\n  ")
 
 
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def collect(base: str | None, *, jobs: int, counts: Sequence[int], concurrency: int,
+            repeat: int, raw_claimers: int, raw_batch: int, peers: Sequence[str],
+            timeout_s: float, pgbouncer_counts: Sequence[int],
+            durable: bool = True) -> dict[str, Any]:
+    """Every drain on one server (`base`, or an embedded one): ours at each
+    worker count (and through PgBouncer at `pgbouncer_counts`), the raw floor,
+    the peers; summarized (best, ratios, verdicts)."""
+    figures: dict[str, Any] = {"jobs": jobs, "machine": machine(),
+                               "embedded": not base, "durable": durable, "ours": []}
+    log_dir = Path(tempfile.mkdtemp(prefix="runlease-bench-throughput-"))
+    with terminate_as_interrupt(), server(base, durable=durable) as base_url, \
+            contextlib.ExitStack() as stack:
+        url = fresh_database(base_url, "runlease_bench_throughput")
+        with psycopg.connect(url) as conn:
+            figures["server"] = scalar(conn, "SHOW server_version")
+        bouncer_url = None
+        if pgbouncer_counts:
+            from tests.support.pgbouncer import running_pgbouncer
+
+            bouncer = stack.enter_context(running_pgbouncer(url, pool_size=BOUNCER_POOL_SIZE))
+            bouncer_url = bouncer.url(url)
+            figures["ours_pgbouncer"] = []
+        for n in counts:
+            for via in ([None, bouncer_url] if bouncer_url and n in pgbouncer_counts
+                        else [None]):
+                runs = [drain_ours(url, jobs, n, concurrency, timeout_s, log_dir,
+                                   bouncer_url=via) for _ in range(repeat)]
+                best = max(runs, key=lambda r: r["jobs_per_s"])
+                best["all_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
+                figures["ours_pgbouncer" if via else "ours"].append(best)
+                note(f"runlease{' via PgBouncer' if via else ''} P={n}: "
+                     f"{best['jobs_per_s']:,.0f} jobs/s wall, "
+                     f"{best['drain_jobs_per_s']:,.0f} drain")
+        figures["raw_floor"] = raw_floor(url, jobs, raw_claimers, raw_batch)
+        note(f"raw floor: {figures['raw_floor']['jobs_per_s']:,.0f} jobs/s")
+        for name in ("pgqueuer", "procrastinate"):
+            figures[name] = (run_peer(name, base_url, jobs, timeout_s) if name in peers
+                             else {"peer": name, "status": "skipped (--no-peers, --peers)"})
+            note(f"{name}: {figures[name].get('jobs_per_s', figures[name]['status'])}")
+    figures["worker_logs"] = str(log_dir)
+    summarize(figures)
+    return figures
+
+
+# bench/scale.py's targets 5 and 7: the drains it runs (a quick run stays
+# within a minute or two of its five).
+SCALE_RUNS = {True: {"jobs": 10_000, "counts": (1, 2), "repeat": 1},
+              False: {"jobs": 20_000, "counts": (1, 2, 4), "repeat": 2}}
+SCALE_PGBOUNCER_AT = 2
+
+
+def measure(url: str, quick: bool) -> dict[str, Any]:
+    """Targets 5 and 7 for bench/scale.py, on its server: our drain at each
+    worker count, at SCALE_PGBOUNCER_AT processes also through PgBouncer,
+    the raw floor and PgQueuer. A drain that fails (runs left undone, a
+    worker dead, no pgbouncer binary) is reported as such, not raised."""
+    runs = SCALE_RUNS[quick]
+    try:
+        return collect(url, jobs=runs["jobs"], counts=runs["counts"], concurrency=100,
+                       repeat=runs["repeat"], raw_claimers=4, raw_batch=50,
+                       peers=["pgqueuer"], timeout_s=120,
+                       pgbouncer_counts=[SCALE_PGBOUNCER_AT])
+    except Exception as exc:  # the other targets' figures still count
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
+def targets(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """Target 5 (drain against PgQueuer and the raw floor) and target 7
+    (the drain through PgBouncer) as bench/scale.py's target dicts."""
+    if "error" in figures:
+        failed = f"failed: {figures['error'][:300]}"
+        return [{"name": "5. faster drain (bench/throughput.py)", "value": None,
+                 "target": failed, "met": False},
+                {"name": "7. drain through PgBouncer (bench/throughput.py)", "value": None,
+                 "target": failed, "met": False}]
+    r, b = figures["ratios"], figures["best"]
+    pgq, raw = figures["pgqueuer"].get("jobs_per_s"), figures["raw_floor"]["jobs_per_s"]
+    shape = (f"best of P = {', '.join(str(o['processes']) for o in figures['ours'])}"
+             f" x c=100, {figures['jobs']:,} no-op runs")
+    out = [
+        {"name": f"5. drain / PgQueuer (psycopg), {shape}: {b['drain_jobs_per_s']:,.0f} vs "
+                 + (f"{pgq:,.0f} jobs/s" if pgq else figures["pgqueuer"].get("status", "-")),
+         "value": r["ours_drain_vs_pgqueuer"], "target": f">= {TARGET_VS_PGQUEUER:g}",
+         "met": (r["ours_drain_vs_pgqueuer"] or 0) >= TARGET_VS_PGQUEUER},
+        {"name": f"5. drain / raw claim-50 + ack floor: {b['drain_jobs_per_s']:,.0f} vs"
+                 f" {raw:,.0f} jobs/s",
+         "value": r["ours_drain_vs_raw"], "target": f">= {TARGET_VS_RAW:g}",
+         "met": (r["ours_drain_vs_raw"] or 0) >= TARGET_VS_RAW},
+    ]
+    via = figures.get("ours_pgbouncer") or []
+    if via:
+        v = via[0]
+        out.append({
+            "name": f"7. drain through PgBouncer (transaction pooling, prepared statements off,"
+                    f" LISTEN direct), P={v['processes']}: jobs/s"
+                    f" ({r.get('pgbouncer_drain_vs_direct')} of the direct drain)",
+            "value": v["drain_jobs_per_s"],
+            # drain_ours raises unless every run ended done: a figure here
+            # means the whole drain went through the bouncer.
+            "target": f"all {figures['jobs']:,} runs done through it",
+            "met": True})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--database-url")
@@ -424,43 +532,12 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(p) for p in args.processes.split(",")]
 
-    def note(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    figures: dict[str, Any] = {"jobs": args.jobs, "machine": machine(),
-                               "embedded": not args.database_url, "ours": []}
-    log_dir = Path(tempfile.mkdtemp(prefix="runlease-bench-throughput-"))
-    with terminate_as_interrupt(), server(args.database_url) as base_url, \
-            contextlib.ExitStack() as stack:
-        url = fresh_database(base_url, "runlease_bench_throughput")
-        with psycopg.connect(url) as conn:
-            figures["server"] = scalar(conn, "SHOW server_version")
-        bouncer_url = None
-        if args.pgbouncer:
-            from tests.support.pgbouncer import running_pgbouncer
-
-            bouncer = stack.enter_context(running_pgbouncer(url, pool_size=BOUNCER_POOL_SIZE))
-            bouncer_url = bouncer.url(url)
-            figures["ours_pgbouncer"] = []
-        for n in counts:
-            for via in ([None, bouncer_url] if bouncer_url else [None]):
-                runs = [drain_ours(url, args.jobs, n, args.concurrency, args.timeout, log_dir,
-                                   bouncer_url=via) for _ in range(args.repeat)]
-                best = max(runs, key=lambda r: r["jobs_per_s"])
-                best["all_jobs_per_s"] = [r["jobs_per_s"] for r in runs]
-                figures["ours_pgbouncer" if via else "ours"].append(best)
-                note(f"runlease{' via PgBouncer' if via else ''} P={n}: "
-                     f"{best['jobs_per_s']:,.0f} jobs/s wall, "
-                     f"{best['drain_jobs_per_s']:,.0f} drain")
-        figures["raw_floor"] = raw_floor(url, args.jobs, args.raw_claimers, args.raw_batch)
-        note(f"raw floor: {figures['raw_floor']['jobs_per_s']:,.0f} jobs/s")
-        for name in ("pgqueuer", "procrastinate"):
-            skip = args.no_peers or name not in args.peers.split(",")
-            figures[name] = ({"peer": name, "status": "skipped (--no-peers, --peers)"} if skip
-                             else run_peer(name, base_url, args.jobs, args.timeout))
-            note(f"{name}: {figures[name].get('jobs_per_s', figures[name]['status'])}")
-    figures["worker_logs"] = str(log_dir)
-    summarize(figures)
+    figures = collect(args.database_url, jobs=args.jobs, counts=counts,
+                      concurrency=args.concurrency, repeat=args.repeat,
+                      raw_claimers=args.raw_claimers, raw_batch=args.raw_batch,
+                      peers=[] if args.no_peers else args.peers.split(","),
+                      timeout_s=args.timeout,
+                      pgbouncer_counts=counts if args.pgbouncer else [])
     if args.json:
         emit_json(figures)
     else:
