@@ -9,6 +9,11 @@ empty:
 - raw:     the seed design note's claim and ack statements issued directly
            with psycopg on the seed's table and indexes, no library code;
 - raw async: the same through psycopg's asyncio API, the driver the store uses;
+- schema:  the raw statements again, on runlease's agent_runs (the seed's
+           claim in fair order by agent_runs_claim_idx, with the fencing
+           epoch; the ack as the seed's): what runlease's table costs (its
+           width, partial indexes, CHECKs and triggers) before any of the
+           claim's logic and any library code;
 - store:   runlease's RunStore (claim() and ack_many()), tenant limits off;
 - limits:  the same with a per-tenant limit configured on the pool (high
            enough never to bind), so the limit path runs: tenant locks and
@@ -92,19 +97,54 @@ UPDATE seed_agent_runs
 """
 
 
-def raw_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
+# The seed's statements on agent_runs: what the schema alone costs. The
+# claim reads the pool's fair order (agent_runs_claim_idx) and bumps the
+# fencing epoch; the ack ends the lease as the CHECKs require. The counts'
+# trigger passes both over (a claim's delta is runlease_claim's own; an
+# ack's leased -> done is not counted), so this database's counts drift:
+# it is thrown away.
+SCHEMA_CLAIM = """
+WITH cte AS (
+  SELECT id FROM agent_runs
+   WHERE pool = 'bench' AND status = 'pending' AND NOT delayed AND available_at <= now()
+   ORDER BY fair_seq, id
+   FOR UPDATE SKIP LOCKED
+   LIMIT %(n)s
+)
+UPDATE agent_runs AS r
+   SET status = 'leased', locked_by = %(worker)s,
+       locked_until = now() + (%(lease_s)s * interval '1 second'),
+       attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = now()
+  FROM cte
+ WHERE r.id = cte.id
+RETURNING r.id, r.tenant_id, r.attempts, r.max_attempts, r.lease_epoch, r.budget_json,
+          r.input_json, r.cancel_requested_at
+"""
+SCHEMA_ACK = """
+UPDATE agent_runs
+   SET status = 'done', locked_by = NULL, locked_until = NULL,
+       finished_at = now(), updated_at = now()
+ WHERE id = ANY(%(ids)s) AND status = 'leased' AND locked_by = %(worker)s
+"""
+
+
+def raw_claimer(url: str, worker: str, batch: int, ready: Any, results: Any,
+                claim: str = SEED_CLAIM, ack: str = SEED_ACK) -> None:
     done = 0
     with psycopg.connect(url, autocommit=True) as conn:
         ready.wait()
         while True:
-            rows = conn.execute(SEED_CLAIM, {"n": batch, "worker": worker, "lease_s": 45},
+            rows = conn.execute(claim, {"n": batch, "worker": worker, "lease_s": 45},
                                 prepare=True).fetchall()
             if not rows:
                 break
-            conn.execute(SEED_ACK, {"ids": [r[0] for r in rows], "worker": worker},
-                         prepare=True)
+            conn.execute(ack, {"ids": [r[0] for r in rows], "worker": worker}, prepare=True)
             done += len(rows)
     results.put(done)
+
+
+def schema_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
+    raw_claimer(url, worker, batch, ready, results, SCHEMA_CLAIM, SCHEMA_ACK)
 
 
 def raw_async_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -> None:
@@ -186,6 +226,9 @@ def measure(url: str, kind: str, k: int, batch: int, jobs: int) -> float:
     if kind in ("raw", "raw_async"):
         load_seed(url, jobs)
         target = raw_claimer if kind == "raw" else raw_async_claimer
+    elif kind == "schema":
+        load_store(url, jobs)
+        target = schema_claimer
     else:
         load_store(url, jobs, limits=(kind == "limits"))
         target = store_claimer
@@ -216,15 +259,17 @@ def main() -> None:
         for batch in batches:
             for k in ks:
                 rates = {kind: measure(url, kind, k, batch, args.jobs)
-                         for kind in ("raw", "raw_async", "store", "limits")}
+                         for kind in ("raw", "raw_async", "schema", "store", "limits")}
                 result = {"claimers": k, "batch": batch, **{f"{kind}_jobs_per_s": rate
                                                            for kind, rate in rates.items()},
                           "store_vs_raw": rates["store"] / rates["raw"],
+                          "schema_vs_raw": rates["schema"] / rates["raw"],
                           "limits_vs_store": rates["limits"] / rates["store"]}
                 figures["results"].append(result)
                 result["store_vs_raw_async"] = rates["store"] / rates["raw_async"]
-                rows.append([k, batch, rates["raw"], rates["raw_async"], rates["store"],
-                             rates["limits"], result["store_vs_raw"],
+                rows.append([k, batch, rates["raw"], rates["raw_async"], rates["schema"],
+                             rates["store"], rates["limits"], result["schema_vs_raw"],
+                             result["store_vs_raw"],
                              result["store_vs_raw_async"], result["limits_vs_store"]])
                 if not args.json:
                     print(f"  measured K={k} batch={batch}", file=sys.stderr)
@@ -233,10 +278,12 @@ def main() -> None:
         return
     print(f"\nclaim + ack of {args.jobs:,} runs, PostgreSQL {figures['server']}, "
           f"enqueue {figures['enqueue_jobs_per_s']:,.0f} runs/s (batches of 1000)\n")
-    print_table(["K", "batch", "raw", "raw async", "store", "store+limits", "store/raw",
+    print_table(["K", "batch", "raw", "raw async", "schema", "store", "store+limits",
+                 "schema/raw", "store/raw",
                  "store/raw async", "limits/store"], rows)
     print("\n(jobs/s; raw = the seed's statements through sync psycopg, raw async = the same "
-          "through psycopg's asyncio API, which the store uses)")
+          "through psycopg's asyncio API, which the store uses; schema = the seed's "
+          "statements on runlease's agent_runs)")
 
 
 if __name__ == "__main__":
