@@ -48,7 +48,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -411,19 +411,19 @@ def note(text: str) -> None:
 
 def collect(base: str | None, *, jobs: int, counts: Sequence[int], concurrency: int,
             repeat: int, raw_claimers: int, raw_batch: int, peers: Sequence[str],
-            timeout_s: float, pgbouncer_counts: Sequence[int],
-            durable: bool = True) -> dict[str, Any]:
+            timeout_s: float, pgbouncer_counts: Sequence[int]) -> dict[str, Any]:
     """Every drain on one server (`base`, or an embedded one): ours at each
     worker count (and through PgBouncer at `pgbouncer_counts`), the raw floor,
     the peers; summarized (best, ratios, verdicts)."""
     figures: dict[str, Any] = {"jobs": jobs, "machine": machine(),
-                               "embedded": not base, "durable": durable, "ours": []}
+                               "embedded": not base, "ours": []}
     log_dir = Path(tempfile.mkdtemp(prefix="runlease-bench-throughput-"))
-    with terminate_as_interrupt(), server(base, durable=durable) as base_url, \
+    with terminate_as_interrupt(), server(base) as base_url, \
             contextlib.ExitStack() as stack:
         url = fresh_database(base_url, "runlease_bench_throughput")
         with psycopg.connect(url) as conn:
             figures["server"] = scalar(conn, "SHOW server_version")
+            figures["fsync"] = scalar(conn, "SHOW fsync")  # scale.py's server: off
         bouncer_url = None
         if pgbouncer_counts:
             from tests.support.pgbouncer import running_pgbouncer
@@ -455,8 +455,13 @@ def collect(base: str | None, *, jobs: int, counts: Sequence[int], concurrency: 
 
 # bench/scale.py's targets 5 and 7: the drains it runs (a quick run stays
 # within a minute or two of its five).
-SCALE_RUNS = {True: {"jobs": 10_000, "counts": (1, 2), "repeat": 1},
-              False: {"jobs": 20_000, "counts": (1, 2, 4), "repeat": 2}}
+class ScaleRuns(NamedTuple):
+    jobs: int
+    counts: tuple[int, ...]
+    repeat: int
+
+
+SCALE_RUNS = {True: ScaleRuns(10_000, (1, 2), 1), False: ScaleRuns(20_000, (1, 2, 4), 2)}
 SCALE_PGBOUNCER_AT = 2
 
 
@@ -467,8 +472,8 @@ def measure(url: str, quick: bool) -> dict[str, Any]:
     worker dead, no pgbouncer binary) is reported as such, not raised."""
     runs = SCALE_RUNS[quick]
     try:
-        return collect(url, jobs=runs["jobs"], counts=runs["counts"], concurrency=100,
-                       repeat=runs["repeat"], raw_claimers=4, raw_batch=50,
+        return collect(url, jobs=runs.jobs, counts=runs.counts, concurrency=100,
+                       repeat=runs.repeat, raw_claimers=4, raw_batch=50,
                        peers=["pgqueuer"], timeout_s=120,
                        pgbouncer_counts=[SCALE_PGBOUNCER_AT])
     except Exception as exc:  # the other targets' figures still count
