@@ -494,13 +494,6 @@ def _stats(url: str, quick: bool) -> Measured:
     return {"details": t3, "targets": stats_targets(t3)}
 
 
-def _streams(url: str, quick: bool) -> Measured:
-    import scale_streams  # bench/scale_streams.py
-
-    t4 = scale_streams.measure(url, quick)
-    return {"details": t4, "targets": scale_streams.targets(t4)}
-
-
 RUNS: list[int | None] = [None]  # --runs, for target 1
 
 TARGETS: list[Target] = [
@@ -508,7 +501,7 @@ TARGETS: list[Target] = [
     Target("2", "leases", _leases),
     # Over target 1's backlog (after it), or one of its own.
     Target("3", "stats", _stats),
-    Target("4", "streams", _streams),
+    Target("4", "streams", external("scale_streams:measure", "scale_streams:targets")),
     # Both 5 and 7: the drains, direct and through PgBouncer (bench/throughput.py).
     Target("5", "drain", external("throughput:measure", "throughput:targets")),
     # Last: it holds 1,000 sleeping runs and 1,000 streams for minutes.
