@@ -369,6 +369,7 @@ def bench_pgqueuer(
     *,
     processes: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    analyze: bool = True,
 ) -> dict[str, Any]:
     """Drain ``jobs`` no-op PgQueuer jobs with ``consumers`` PgQueuer instances.
 
@@ -377,7 +378,8 @@ def bench_pgqueuer(
     including uvloop when installed - with ``batch_size=batch``. By default
     every consumer gets its own OS process (``processes=consumers``);
     ``processes=1`` puts all of them on one event loop, as PgQueuer's own
-    ``tools/benchmark.py`` does.
+    ``tools/benchmark.py`` does. ``analyze=False``: the burst case, the
+    queue drained on the statistics of its freshly installed (empty) tables.
     """
     import pgqueuer
 
@@ -401,7 +403,8 @@ def bench_pgqueuer(
             return enqueue_s, names.queue_table, names.queue_table_log
 
     enqueue_s, queue_table, log_table = asyncio.run(install_and_enqueue())
-    _analyze(url)
+    if analyze:
+        _analyze(url)
 
     argvs = [
         _worker_argv("pgqueuer", consumers=n, batch=batch) for n in _split(consumers, processes)

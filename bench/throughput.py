@@ -68,7 +68,8 @@ POLL_S = 0.05
 UNFINISHED_SQL = ("SELECT EXISTS (SELECT 1 FROM agent_runs WHERE status = 'pending') "
                   "OR EXISTS (SELECT 1 FROM agent_runs WHERE status = 'leased')")
 # A run has finished (the finished_at index): the drain began, startup is over.
-FIRST_DONE_SQL = "SELECT EXISTS (SELECT 1 FROM agent_runs WHERE finished_at IS NOT NULL)"
+# (Runs finished after the workers started: the million_done state holds older ones.)
+FIRST_DONE_SQL = "SELECT EXISTS (SELECT 1 FROM agent_runs WHERE finished_at >= %s)"
 LEFT_SQL = "SELECT count(*) FROM agent_runs WHERE status <> 'done'"
 NOT_INSTALLED = "not installed (pip install -e '.[bench]')"
 TARGET_VS_PGQUEUER = 3.0
@@ -198,16 +199,19 @@ def scalar(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any
 
 
 def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s: float,
-               log_dir: Path, bouncer_url: str | None = None) -> dict[str, Any]:
+               log_dir: Path, bouncer_url: str | None = None,
+               stats: str = "analyzed") -> dict[str, Any]:
     """bouncer_url: the workers connect through it (prepared statements off,
-    LISTEN on url); enqueueing and polling stay direct."""
+    LISTEN on url); enqueueing and polling stay direct. stats: what the
+    planner knows when the burst lands (bench/claim.py STATS_STATES)."""
     # The default pool keeps its migration defaults: no tenant cap.
-    enqueue_s = load_store(url, jobs, pool="default")
+    enqueue_s = load_store(url, jobs, pool="default", stats=stats)
     load_before = os.getloadavg()[0]
     through: dict[str, object] = ({"listen_database_url": url, "prepared_statements": False}
                                   if bouncer_url else {})
     tag = "pgb" if bouncer_url else "tp"
     with psycopg.connect(url, autocommit=True) as poll, worker_fleet(url, log_dir) as fleet:
+        started_at = scalar(poll, "SELECT now()")
         t0 = time.perf_counter()
         for i in range(processes):
             fleet.append(WorkerProc(bouncer_url or url, f"{tag}{processes}-{i}", {
@@ -220,7 +224,7 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
         cpu_at_first: float | None = None
         server_at_first: float | None = None
         while scalar(poll, UNFINISHED_SQL):
-            if cpu_at_first is None and scalar(poll, FIRST_DONE_SQL):
+            if cpu_at_first is None and scalar(poll, FIRST_DONE_SQL, (started_at,)):
                 cpu_at_first = sum(p.cpu_s() for p in fleet)  # the drain began
                 server_at_first = server_cpu_s(url)
             for p in fleet:
@@ -237,7 +241,8 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
         if left := scalar(poll, LEFT_SQL):
             raise RuntimeError(f"{left} of {jobs} runs ended other than done")
         drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
-                                     "min(finished_at)) FROM agent_runs"))
+                                     "min(finished_at)) FROM agent_runs"
+                                     " WHERE finished_at >= %s", (started_at,)))
         for p in fleet:  # graceful: SIGTERM drains (nothing left to run)
             p.stop(grace_s=15)
         warnings = [line for p in fleet for line in p.log_tail(100_000).splitlines()
