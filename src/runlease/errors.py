@@ -114,6 +114,19 @@ class LeaseLost(RunleaseError):
         self.lease_epoch = lease_epoch
 
 
+class IncarnationEnded(RunleaseError):
+    """The worker incarnation that asked is not live (ended, expired, or
+    never registered): it holds no lease any more and may claim nothing.
+    Its worker stops every run it held and registers under a new id."""
+
+    # The SQLSTATE runlease_claim raises it with (functions.sql).
+    SQLSTATE = "RLW01"
+
+    def __init__(self, worker: str, message: str | None = None) -> None:
+        super().__init__(message or f"worker incarnation {worker!r} is not live")
+        self.worker = worker
+
+
 class DatabaseUnavailable(RunleaseError):
     """The database could not be reached or the connection broke; retryable."""
 

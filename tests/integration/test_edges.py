@@ -23,19 +23,18 @@ FAST = {"lease_s": 3, "heartbeat_interval_s": 0.5, "reaper": False, "concurrency
 
 
 async def _force_reap(db_url: str, run_id: UUID) -> None:
-    """Expire one run's lease and reap it in the same transaction: no heartbeat
-    can slip in between and renew it."""
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        await conn.execute("UPDATE agent_runs SET locked_until = now() - interval '1 second'"
-                           " WHERE id = %s", (run_id,))
-        from runlease.db.channels import EVENTS_CHANNEL
-        from runlease.db.queries import sql
+    """Expire the incarnation holding one run and reap it in the same
+    transaction: no heartbeat can slip in between and renew it. The holder's
+    worker learns at its next heartbeat that the incarnation is over."""
+    from runlease.db.channels import EVENTS_CHANNEL
+    from runlease.db.queries import sql
 
-        # The worker lives (its registry row is fresh): the run is named, as
-        # the reaper's sweep would name it.
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        await conn.execute(
+            "UPDATE agent_run_workers SET expires_at = now() - interval '1 second'"
+            " WHERE id = (SELECT locked_by FROM agent_runs WHERE id = %s)", (run_id,))
         await conn.execute(sql("run_reap"), {"batch": 10, "channel_prefix": "runlease_pool_",
-                                             "events_channel": EVENTS_CHANNEL,
-                                             "now": None, "ids": [run_id]})
+                                             "events_channel": EVENTS_CHANNEL, "now": None})
         await conn.commit()
 
 
@@ -92,10 +91,13 @@ async def test_a_reclaimed_run_keeps_its_own_handle(live_store: RunStore, db_url
         await until(lambda: _leased(live_store, run_id, epoch=1), what="attempt 1 leased")
         await until(lambda: asyncio.sleep(0, bool(rec.attempts)), what="attempt 1 started")
         await _force_reap(db_url, run_id)
-        # The reap's NOTIFY wakes a's claim loop: it takes the run again at once.
+        first_holder = (await live_store.get(run_id)).locked_by
+        # Its next heartbeat finds the incarnation over: the worker fences
+        # its runs, registers a new incarnation and takes the run again.
         second = await until(lambda: _leased(live_store, run_id, epoch=2),
                              what="attempt 2 leased by the same worker")
-        assert second.locked_by == a.identity
+        assert second.locked_by.startswith(a.identity + ":")
+        assert second.locked_by != first_holder
         # Another worker is ready, and reaps whatever is not renewed.
         async with running_worker(db_url, stubborn_agent(rec, 5.0), **(FAST | {
                 "reaper": True, "reaper_interval_s": 0.2})):
@@ -304,8 +306,9 @@ async def _events(db_url: str, run_id: UUID, n: int) -> bool:
 
 
 async def _expired(db_url: str, run_id: UUID) -> bool:
-    rows = await _query(db_url, "SELECT locked_until < now() FROM agent_runs WHERE id = %s",
-                        run_id)
+    rows = await _query(db_url, "SELECT w.expires_at < now() FROM agent_runs r"
+                                " JOIN agent_run_workers w ON w.id = r.locked_by"
+                                " WHERE r.id = %s", run_id)
     return bool(rows[0][0])
 
 
@@ -423,13 +426,15 @@ async def test_metrics_count_each_forced_fault_exactly(live_store: RunStore,
     async with running_worker(db_url, agent, metrics_port=port, metrics_host="127.0.0.1",
                               lease_s=30, heartbeat_interval_s=0.5, reaper=True,
                               reaper_interval_s=0.2) as w:
-        # Lease loss found by a renewal: the lease expired (from SQL), so the
-        # renewal is refused, or the reaper takes it first and then it is.
+        # Lease loss found by a renewal: the holder's incarnation expired
+        # (from SQL), so the renewal is refused, or the reaper ends it first
+        # and then it is.
         lost = await live_store.enqueue("default", "acme", {}, max_attempts=1)
         await until(lambda: _leased(live_store, lost.run.id, epoch=1), what="leased")
         before = await scrape.read()
-        await _query(db_url, "UPDATE agent_runs SET locked_until = now() - interval '1 s'"
-                             " WHERE id = %s", lost.run.id)
+        await _query(db_url, "UPDATE agent_run_workers SET expires_at = now() - interval '1 s'"
+                             " WHERE id = (SELECT locked_by FROM agent_runs WHERE id = %s)",
+                     lost.run.id)
         await until(lambda: asyncio.sleep(0, not w.active), what="the attempt to stop")
         await until(lambda: _finished(live_store, lost.run.id), what="the reap")
         assert _moved(before, await scrape.read()) == {

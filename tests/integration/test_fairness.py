@@ -95,6 +95,7 @@ async def claims_until_patient_runs(
         clock.advance(1)
         (lease,) = await store.claim("default", "w", 1)
         await store.ack(lease)
+        assert await store.renew("w") is not None  # as its lease keeper would
         claims += 1
         if not lease.run.input_json:
             return claims

@@ -180,19 +180,24 @@ async def test_a_worker_with_other_defaults_uses_the_pools_lease(
         async def leased() -> Any:
             with psycopg.connect(db_url) as conn:
                 return conn.execute(
-                    "SELECT locked_until - updated_at, locked_until - now() FROM agent_runs"
-                    " WHERE id = %s AND status = 'leased'", (run.id,)).fetchone()
+                    "SELECT w.expires_at - w.heartbeat_at, w.expires_at - now()"
+                    "  FROM agent_runs r JOIN agent_run_workers w ON w.id = r.locked_by"
+                    " WHERE r.id = %s AND r.status = 'leased'", (run.id,)).fetchone()
 
-        since_claim, left = await until(leased, what="the run to be leased")
-        # locked_until = claim time + 20 s, later renewals now + 20 s.
-        assert since_claim >= timedelta(seconds=20)
+        lease_s, left = await until(leased, what="the run to be leased")
+        # The holder's row: each renewal (and the registration) now + 20 s.
+        assert lease_s == timedelta(seconds=20)
         assert left <= timedelta(seconds=20)
         async def started() -> Any:  # the claim commits before the worker records it
             return worker.held.get(run.id)
 
         handle = await until(started, what="the worker to hold the run")
         assert handle.terms.lease_s == 20
-        assert handle.fence_at == handle.claimed_at + 20 - worker.settings.margin_s
+        # Its fence is its incarnation's: the last renewal's send time plus
+        # the pool's lease, less the margin; sent before the claim.
+        assert worker.keeper.holder.fence_after_s == 20 - worker.settings.margin_s
+        assert handle.fence_at == handle.incarnation.fence_at
+        assert handle.fence_at <= handle.claimed_at + 20 - worker.settings.margin_s
 
 
 async def test_a_worker_deletes_by_the_pools_retention(live_store: RunStore,
@@ -223,12 +228,12 @@ async def test_retention_deletes_old_finished_runs_in_batches_and_nothing_else(
     await store.upsert_pool(Pool("default"))  # 7 days
     await store.set_tenant_limit("short", "idle", 0)  # its pending run stays pending
 
-    async def finished(pool: str, how: str) -> Any:
+    async def finished(pool: str, how: str, worker: str = "w") -> Any:
         run = (await store.enqueue(pool, "acme", {})).run
         if how == "cancelled":
             await store.request_cancel(run.id)
             return run.id
-        (lease,) = await store.claim(pool, "w", 1, lease_s=3600)  # not reaped here
+        (lease,) = await store.claim(pool, worker, 1, lease_s=3600)  # not reaped here
         await store.record_event(lease, "note", {"x": 1})
         await store.record_step(lease, "step", {"y": 2})
         if how == "done":
@@ -243,7 +248,7 @@ async def test_retention_deletes_old_finished_runs_in_batches_and_nothing_else(
             (await store.enqueue("short", "idle", {})).run.id,   # pending, old
             await finished("short", "leased")]                   # leased, old
     clock.advance(7200)
-    kept.append(await finished("short", "done"))                 # young
+    kept.append(await finished("short", "done", "w-young"))      # young
 
     elector = LeaderElector(store, "me")
     batches: list[int] = []
@@ -285,7 +290,7 @@ async def test_a_paused_pool_takes_runs_but_claims_none_and_leased_runs_go_on(
     await store.upsert_pool(Pool("default", paused=True))
     assert (await store.enqueue("default", "acme", {})).inserted
     assert await store.claim("default", "w", 10) == []
-    assert (await store.heartbeat("w", [(lease.run_id, lease.epoch)])).lost == frozenset()
+    assert await store.renew("w") is not None  # its holder renews as before
     await store.ack(lease)
     assert await store.claim("default", "w", 10) == []
     await store.upsert_pool(Pool("default", paused=False))

@@ -142,9 +142,10 @@ async def test_claim_leases_and_mints_a_fencing_token(store: RunStore, clock: Ma
     )
     assert run.locked_until == clock.db_now() + timedelta(seconds=30)
     assert await store.claim("p", "worker-b", 5) == []
-    # An explicit lease length overrides the pool's.
+    # The lease is the holder's: a worker registered with its own lease
+    # length holds what it claims for that long.
     await store.enqueue("p", "acme", {})
-    (short,) = await store.claim("p", "worker-b", 1, lease_s=5)
+    (short,) = await store.claim("p", "worker-c", 1, lease_s=5)
     assert short.run.locked_until == clock.db_now() + timedelta(seconds=5)
 
 
@@ -159,16 +160,21 @@ async def test_claim_takes_a_batch_in_priority_order(store: RunStore) -> None:
 async def test_heartbeat_renews_held_leases_and_reports_lost_ones(
     store: RunStore, clock: ManualClock
 ) -> None:
-    await store.enqueue_many("default", [NewRun("acme", {}), NewRun("acme", {})])
+    # One renewal of the holder's row renews every lease it holds.
+    await store.enqueue_many("default", [NewRun("acme", {}) for _ in range(3)])
     a, b = await store.claim("default", "w1", 2)
+    (c,) = await store.claim("default", "w2", 1)
     clock.advance(10)
-    result = await store.heartbeat("w1", [(a.run_id, a.epoch), (b.run_id, b.epoch + 1)])
-    assert set(result.held) == {a.run_id}
-    assert result.held[a.run_id] == clock.db_now() + timedelta(seconds=45)
-    assert result.lost == {b.run_id}
+    result = await store.renew("w1")
+    assert result is not None
+    assert result.expires_at == clock.db_now() + timedelta(seconds=45)
     assert result.cancel_requested == frozenset()
-    # Another worker's heartbeat renews nothing.
-    assert (await store.heartbeat("w2", [(a.run_id, a.epoch)])).lost == {a.run_id}
+    for lease in (a, b):
+        assert (await store.get(lease.run_id)).locked_until == result.expires_at
+    # Another holder's leases are not renewed by it.
+    assert (await store.get(c.run_id)).locked_until == clock.db_now() + timedelta(seconds=35)
+    # A name never registered renews nothing.
+    assert await store.renew("w-unknown") is None
 
 
 async def test_ack_finishes_the_run_with_its_result(store: RunStore) -> None:
@@ -242,8 +248,9 @@ def test_backoff_formula_caps_at_five_minutes() -> None:
 
 async def test_backoff_cap_in_sql(store: RunStore, clock: ManualClock) -> None:
     await store.enqueue("default", "acme", {}, max_attempts=20)
-    for _ in range(9):
-        lease = await claim_one(store)
+    for i in range(9):
+        # Time jumps past any lease: a new worker incarnation each attempt.
+        lease = await claim_one(store, f"w{i}")
         await store.nack(lease, "retryable", "again")
         run = await store.get(lease.run_id)
         assert (run.available_at - clock.db_now()).total_seconds() == backoff_s(run.attempts)
@@ -297,7 +304,8 @@ async def test_cancel_of_a_leased_run_notifies_and_is_finalized(
         assert [n.payload async for n in _notifies(listener, 1)] == [str(lease.run_id)]
     assert run.status == "leased"
     assert run.cancel_requested_at is not None
-    hb = await store.heartbeat("w1", [(lease.run_id, lease.epoch)])
+    hb = await store.renew("w1")
+    assert hb is not None
     assert hb.cancel_requested == {lease.run_id}
     await store.finalize_cancel(lease)
     run = await store.get(lease.run_id)
@@ -341,13 +349,18 @@ async def test_claim_never_returns_a_cancel_requested_run(store: RunStore) -> No
 async def test_reap_returns_expired_leases_to_pending(store: RunStore, clock: ManualClock) -> None:
     await store.upsert_pool(Pool("default", lease_s=10))
     await store.enqueue_many("default", [NewRun("acme", {}) for _ in range(3)])
-    a, b, c = await store.claim("default", "w1", 3)
+    (a,) = await store.claim("default", "w1", 1)
+    b, c = await store.claim("default", "w2", 2)
     clock.advance(8)
-    await store.heartbeat("w1", [(a.run_id, a.epoch)])
-    clock.advance(3)  # b and c expired one second ago, a was renewed
+    assert await store.renew("w1", lease_s=10) is not None
+    clock.advance(3)  # w2 expired one second ago, w1 was renewed
     result = await store.reap()
     assert (result.to_pending, result.to_dead) == (2, 0)
     assert {r[0] for r in result.reaped} == {b.run_id, c.run_id}
+    assert result.ended == ("w2",)
+    # An ended incarnation never renews again, even before its row would
+    # have been deleted.
+    assert await store.renew("w2", lease_s=10) is None
     run = await store.get(b.run_id)
     assert (run.status, run.attempts, run.error_code) == ("pending", 1, "lease_expired")
     assert (await store.get(a.run_id)).status == "leased"
@@ -359,7 +372,7 @@ async def test_reap_is_dead_with_lease_expired_at_max_attempts(
 ) -> None:
     await store.enqueue("default", "acme", {}, max_attempts=2)
     for expected in ("pending", "dead"):
-        lease = await claim_one(store)
+        lease = await claim_one(store, f"w-{expected}")
         clock.advance(46)
         result = await store.reap()
         assert result.total == 1
@@ -468,12 +481,12 @@ async def test_an_old_holder_changes_nothing_after_reap_and_reclaim(
     before = await store.get(new.run_id)
     events_before = await store.events_after(new.run_id)
 
-    # Same worker id too: the epoch alone fences a worker that lost and regained nothing.
+    # The old incarnation was ended by the reap: it never renews again.
+    assert await store.renew("w-old") is None
+    # A live holder with a stale epoch too: the epoch alone fences a worker
+    # that lost and regained the run.
     same_name = Lease(old.run, "w-new")
     for stale in (old, same_name):
-        assert (await store.heartbeat(stale.worker, [(stale.run_id, stale.epoch)])).lost == {
-            stale.run_id
-        }
         with pytest.raises(LeaseLost):
             await store.ack(stale, {"by": "old"})
         with pytest.raises(LeaseLost):

@@ -27,13 +27,21 @@ async def test_the_fence_moves_with_each_renewal_and_stops_the_run_in_time(
     store: RunStore, clock: ManualClock, db_url: str
 ) -> None:
     await store.enqueue("default", "acme", {})
-    (lease,) = await store.claim("default", "w1", 1, lease_s=30)
-    handle = handle_for(lease, clock)
+    holder = LeaseHolder(store, db_url, "w1", pool="default", lease_s=30, clock=clock,
+                         fence_after_s=25)
+    handles: list[RunHandle] = []
     lost: list[StopReason] = []
-    holder = LeaseHolder(store, db_url, "w1", pool="default", lease_s=30, clock=clock)
-    keeper = LeaseKeeper(holder, [handle], interval_s=10,
+    keeper = LeaseKeeper(holder, handles, interval_s=10,
                          on_lost=lambda _, why: lost.append(why))
     try:
+        assert await keeper.beat()  # registers the incarnation at 0 s: fence at 25 s
+        inc = holder.current
+        assert inc is not None
+        assert inc.fence_at == 25
+        (lease,) = await store.claim("default", inc.id, 1)
+        handle = handle_for(lease, clock)
+        handle.incarnation = inc
+        handles.append(handle)
         clock.advance(20)
         assert handle.may_write()
         assert await keeper.beat()  # sent at 20 s: the fence moves to 20 + 30 - 5
@@ -53,11 +61,19 @@ async def test_the_fence_moves_with_each_renewal_and_stops_the_run_in_time(
         # other worker could have claimed the run yet.
         assert await store.claim("default", "w2", 1, lease_s=30) == []
         assert lost == []  # fenced by its own clock, not told by a renewal
+        # The incarnation is over for good: the next beat registers another.
+        assert inc.over
+        assert holder.current is None
+        assert await keeper.beat()
+        assert holder.current is not None
+        assert holder.current.id != inc.id
+        assert holder.current.id.startswith("w1:")
     finally:
         await keeper.stop()
         await keeper._db.close()
-        if handle._killing is not None:
-            await handle._killing
+        for handle in handles:
+            if handle._killing is not None:
+                await handle._killing
 
 
 async def test_a_write_checks_the_fence_by_the_injected_clock(
@@ -83,11 +99,13 @@ async def test_the_claim_loop_fills_free_slots_once_per_run_once(
     started: list[tuple[Lease, float]] = []
     free = [2]
     holder = LeaseHolder(store, db_url, "w1", pool="default", lease_s=30, clock=clock)
+    keeper = LeaseKeeper(holder, [], interval_s=10, on_lost=lambda *_: None)
     loop = ClaimLoop(holder, batch=10, poll_interval_s=2.0, free_slots=lambda: free[0],
-                     start_run=lambda lease, sent: started.append((lease, sent)),
+                     start_run=lambda lease, sent, _inc: started.append((lease, sent)),
                      wake=asyncio.Event(), slot_freed=asyncio.Event())
     try:
         clock.advance(100)
+        assert await keeper.beat()  # the incarnation the loop claims as
         assert await loop.run_once() == 0.0  # every free slot filled: claim again at once
         assert [sent for _, sent in started] == [100, 100]  # the fence starts at the send
 
@@ -107,3 +125,4 @@ async def test_the_claim_loop_fills_free_slots_once_per_run_once(
     finally:
         await loop.stop()
         await loop.close()
+        await keeper._db.close()

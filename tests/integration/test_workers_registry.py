@@ -1,6 +1,7 @@
-"""The workers registry: a worker's row appears at start, is renewed by the
-heartbeat statement that renews its leases, and goes at a clean shutdown;
-the reaper's leader deletes rows expired long ago."""
+"""The workers registry: one row per worker incarnation, which is the lease
+of every run it holds. It appears at start, one heartbeat statement renews
+it, a clean shutdown ends it (an ended or deleted incarnation never renews
+again), and the reaper's leader deletes rows over long ago."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from psycopg.rows import DictRow
 from runlease.clock import ManualClock
 from runlease.db.models import Pool
 from runlease.db.store import Conn, NewRun, Registration, RunStore
-from runlease.errors import SettingsError, ValidationError
+from runlease.errors import RunleaseError, SettingsError, ValidationError
 from runlease.settings import WorkerSettings, load
 from runlease.worker.worker import Worker
 from tests.support import agents
@@ -44,11 +45,16 @@ async def test_register_list_and_deregister(store: RunStore, clock: ManualClock)
     await store.register_worker(Registration("pod-b:boot:1", "gpu", 2), lease_s=30)
     assert [w.id for w in await store.list_workers()] == ["pod-a:boot:1", "pod-b:boot:1"]
     assert [w.id for w in await store.list_workers("gpu")] == ["pod-b:boot:1"]
+    await store.deregister_worker("pod-b:boot:1")
+    (b,) = await store.list_workers("gpu")
+    assert (b.alive, b.ended_at) == (False, clock.db_now())
+    assert await store.heartbeat(Registration("pod-b:boot:1", "gpu", 2), lease_s=30) is None
     clock.advance(31)
     (a,) = await store.list_workers("default")
-    assert not a.alive
-    await store.deregister_worker("pod-a:boot:1")
-    assert [w.id for w in await store.list_workers()] == ["pod-b:boot:1"]
+    assert (a.alive, a.ended_at) == (False, None)  # expired, not ended yet
+    # An id is never registered twice.
+    with pytest.raises(RunleaseError, match="never reused"):
+        await store.register_worker(Registration("pod-a:boot:1", "default", 8), lease_s=30)
 
 
 async def test_bad_registrations_are_refused(store: RunStore) -> None:
@@ -71,30 +77,37 @@ async def test_the_heartbeat_renews_the_row_in_the_same_statement(
     clock.advance(10)
     sent: list[str] = []
     counting = CountingStore(store.conn_pool, clock=clock, sent=sent)
-    result = await counting.heartbeat(reg.worker, [(x.run_id, x.epoch) for x in leases[:2]],
-                                      lease_s=30, registry=reg)
-    assert len(result.held) == 2
-    assert sent == ["run_heartbeat"]  # one round trip renews both
+    renewal = await counting.heartbeat(reg, lease_s=30, runs_held=3)
+    assert renewal is not None
+    assert sent == ["worker_heartbeat"]  # one round trip renews all three
     (row,) = await store.list_workers()
-    assert row.runs_held == 2
+    assert row.runs_held == 3
     assert row.heartbeat_at == clock.db_now()
     assert (row.expires_at - row.heartbeat_at).total_seconds() == 30
-    # Holding nothing, the keeper renews the row alone.
+    assert renewal.expires_at == row.expires_at
+    for lease in leases:  # each run's lease is its holder's
+        assert (await store.get(lease.run_id)).locked_until == row.expires_at
+    # Holding nothing, the keeper renews the row all the same.
     clock.advance(10)
-    await store.heartbeat(reg.worker, [], lease_s=30, registry=reg)
+    assert await store.heartbeat(reg, lease_s=30) is not None
     (row,) = await store.list_workers()
     assert (row.runs_held, row.heartbeat_at) == (0, clock.db_now())
 
 
-async def test_a_heartbeat_brings_back_a_deleted_row(store: RunStore, clock: ManualClock) -> None:
+async def test_an_expired_or_deleted_incarnation_never_renews(
+    store: RunStore, clock: ManualClock
+) -> None:
+    # Its runs may have been requeued and claimed by others already: a
+    # renewal coming back would make two holders of one run.
     reg = Registration("pod-a:boot:1", "default", 4)
     await store.register_worker(reg, lease_s=30)
+    clock.advance(31)
+    assert await store.heartbeat(reg, lease_s=30) is None
     clock.advance(100)
     assert await store.delete_stale_workers(60) == [("pod-a:boot:1", "default")]
     assert await store.list_workers() == []
-    await store.heartbeat(reg.worker, [], lease_s=30, registry=reg)
-    (row,) = await store.list_workers()
-    assert row.alive
+    assert await store.heartbeat(reg, lease_s=30) is None
+    assert await store.list_workers() == []
 
 
 async def test_stale_rows_are_deleted_only_past_the_bound(
@@ -114,7 +127,8 @@ async def test_a_worker_registers_at_start_and_leaves_at_a_clean_stop(
     run = await live_store.enqueue("default", "acme", {"sleep": 60})
     async with running_worker(db_url, agents.sleepy, concurrency=3) as worker:
         (row,) = await live_store.list_workers("default")
-        assert (row.id, row.concurrency, row.alive) == (worker.identity, 3, True)
+        assert (row.concurrency, row.alive) == (3, True)
+        assert row.id.startswith(worker.identity + ":")
         first = row.heartbeat_at
 
         async def renewed_holding_one() -> bool:
@@ -124,7 +138,9 @@ async def test_a_worker_registers_at_start_and_leaves_at_a_clean_stop(
         await until(renewed_holding_one, timeout_s=10, what="a heartbeat holding the run")
         await live_store.request_cancel(run.run.id)
         await asyncio.sleep(0)
-    assert await live_store.list_workers() == []
+    (gone,) = await live_store.list_workers()
+    assert (gone.id, gone.alive) == (row.id, False)
+    assert gone.ended_at is not None
 
 
 def test_an_identity_the_registry_cannot_hold_is_refused_at_construction(db_url: str) -> None:

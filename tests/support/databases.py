@@ -9,6 +9,7 @@ template, so tests never see each other's rows or statistics.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import tempfile
@@ -21,10 +22,13 @@ import pytest
 from psycopg import conninfo
 
 from runlease.clock import ManualClock
-from runlease.db.connect import make_conn_pool
+from runlease.db.connect import Conn, make_conn_pool
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate
-from runlease.db.store import RunStore
+from runlease.db.models import Lease
+from runlease.db.store import Registration, RunStore
+from runlease.db.workers import Renewal
+from runlease.errors import RunleaseError
 
 _counter = itertools.count()
 
@@ -102,15 +106,51 @@ def clock() -> ManualClock:
     return ManualClock(datetime.now(UTC))
 
 
+class RegisteringStore(RunStore):
+    """The store, whose claims register their worker incarnation (named as
+    the test names it) the first time that name claims: a test's stand-in
+    for a worker's lease keeper. It never renews one: a test moves time past
+    an incarnation's lease, renews it (`renew`) or ends it as it needs. A
+    name whose incarnation is no longer live claims nothing (IncarnationEnded),
+    as in production."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.registered: set[str] = set()
+
+    async def incarnation(self, worker: str, pool: str = "default",
+                          lease_s: int | None = None) -> None:
+        """Register `worker` (once) with lease_s, or its pool's lease."""
+        if worker in self.registered:
+            return
+        if lease_s is None:
+            found = await self.get_pool(pool)
+            lease_s = found.lease_s if found is not None and found.lease_s else 45
+        # RunleaseError: registered by another store of the same database.
+        with contextlib.suppress(RunleaseError):
+            await self.register_worker(Registration(worker, pool, 0), lease_s=lease_s)
+        self.registered.add(worker)
+
+    async def claim(self, pool: str, worker: str, n: int = 1, *,  # type: ignore[override]
+                    lease_s: int | None = None, conn: Conn | None = None) -> list[Lease]:
+        await self.incarnation(worker, pool, lease_s)
+        return await super().claim(pool, worker, n, conn=conn)
+
+    async def renew(self, worker: str, *, lease_s: int = 45, pool: str = "default"
+                    ) -> Renewal | None:
+        """One heartbeat of `worker`'s incarnation."""
+        return await self.heartbeat(Registration(worker, pool, 0), lease_s=lease_s)
+
+
 @pytest.fixture
-async def store(db_url: str, clock: ManualClock) -> AsyncIterator[RunStore]:
+async def store(db_url: str, clock: ManualClock) -> AsyncIterator[RegisteringStore]:
     """A store whose statements all use the test's ManualClock."""
     async with make_conn_pool(db_url, max_size=4) as conn_pool:
-        yield RunStore(conn_pool, clock=clock)
+        yield RegisteringStore(conn_pool, clock=clock)
 
 
 @pytest.fixture
-async def live_store(db_url: str) -> AsyncIterator[RunStore]:
+async def live_store(db_url: str) -> AsyncIterator[RegisteringStore]:
     """A store on the server's own clock."""
     async with make_conn_pool(db_url, max_size=4) as conn_pool:
-        yield RunStore(conn_pool)
+        yield RegisteringStore(conn_pool)

@@ -16,7 +16,7 @@ def test_uuid7_is_version_7_and_strictly_increasing() -> None:
 
 def test_every_statement_is_named_and_loaded_once() -> None:
     names = set(statements())
-    for expected in ("run_enqueue", "run_claim", "run_heartbeat", "run_ack", "run_nack",
+    for expected in ("run_enqueue", "run_claim", "worker_heartbeat", "run_ack", "run_nack",
                      "run_fail", "run_release", "run_request_cancel", "run_finalize_cancel",
                      "run_reap", "run_redrive", "run_get", "run_list", "run_event_record",
                      "run_step_record", "run_steps_get", "pool_upsert"):
@@ -51,4 +51,6 @@ def test_every_single_run_worker_write_carries_the_whole_lease_fence() -> None:
         assert "{{" not in text, name
         assert ("WHERE r.id = %(id)s AND r.lease_epoch = %(epoch)s"
                 " AND r.locked_by = %(worker)s AND (r.status = 'leased') IS TRUE"
-                " AND r.locked_until > coalesce(%(now)s::timestamptz, now())") in text, name
+                " AND EXISTS (SELECT 1 FROM agent_run_workers w WHERE w.id = %(worker)s"
+                " AND w.ended_at IS NULL"
+                " AND w.expires_at > coalesce(%(now)s::timestamptz, now()))") in text, name

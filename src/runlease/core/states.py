@@ -18,8 +18,9 @@ is the fencing token minted by every claim.
                         the worker finalizes ----------------------> [cancelled]
 
     claim      pending, available_at <= now, no cancel, tenant under its limit -> leased;
-               attempts += 1, lease_epoch += 1, locked_by = worker, locked_until = now + lease
-    heartbeat  leased & mine -> locked_until = now + lease
+               attempts += 1, lease_epoch += 1, locked_by = worker incarnation
+    heartbeat  one row per worker incarnation: live & me -> expires_at = now + lease
+               (a run's lease is live while its holder's incarnation is live)
     ack        leased & mine -> done
     nack       leased & mine -> pending at now + max(min(300, 5 * 2^(attempts-1)) s,
                the failure's retry_after_s), or dead when attempts >= max_attempts,
@@ -28,11 +29,14 @@ is the fencing token minted by every claim.
     release    leased & mine -> pending now, attempts -= 1
     cancel     pending -> cancelled at once; leased -> cancel_requested_at, NOTIFY
     finalize   leased & mine & cancel requested -> cancelled
-    reap       leased & locked_until < now -> pending, or dead ('lease_expired') at max
+    reap       incarnation expired -> ended (it never renews again); in the same
+               transaction its leased runs -> pending, or dead ('lease_expired') at max
     redrive    dead -> pending, attempts reset
 
-"mine" is the fencing triple (locked_by, lease_epoch, status = 'leased'); a
-write that matches zero rows raises `LeaseLost`.
+"mine" is the fencing triple (locked_by, lease_epoch, status = 'leased') with
+the holder's incarnation live by the database clock; a write that matches zero
+rows raises `LeaseLost`. A worker whose incarnation ended fences every run it
+held and registers again under a new incarnation id.
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class ErrorCode(StrEnum):
     """Error codes the queue itself writes; agents may write their own."""
 
     LEASE_EXPIRED = "lease_expired"
+    # The worker could not write how an attempt ended (its own failure): its
+    # lease keeper hands the run back as a retryable failure.
+    WORKER_FAILED = "worker_failed"
     BUDGET_EXCEEDED = "budget_exceeded"
     RETRYABLE = "retryable"
     FATAL = "fatal"

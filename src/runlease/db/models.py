@@ -54,6 +54,8 @@ class Run(RunHead):
     created_at: datetime
     updated_at: datetime
     fair_seq: int = 0
+    # The lease's expiry: its holder incarnation's (agent_run_workers), where
+    # the statement that read the run joined it; None otherwise.
     locked_until: datetime | None = None
     locked_by: str | None = None
     cancel_requested_at: datetime | None = None
@@ -111,18 +113,12 @@ class EnqueueResult:
 
 
 @dataclass(frozen=True, slots=True)
-class HeartbeatResult:
-    held: dict[UUID, datetime] = field(default_factory=dict)  # run id -> new locked_until
-    cancel_requested: frozenset[UUID] = frozenset()
-    lost: frozenset[UUID] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
 class ReapResult:
     to_pending: int = 0
     to_dead: int = 0
     to_cancelled: int = 0
     reaped: tuple[tuple[UUID, str, str, str], ...] = ()  # (id, pool, tenant, new status)
+    ended: tuple[str, ...] = ()  # the worker incarnations this batch ended
 
     @property
     def total(self) -> int:

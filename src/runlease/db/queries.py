@@ -45,12 +45,15 @@ def parse(text: str, source: str) -> dict[str, str]:
     return _sections(text, source)["name"]
 
 
-def fill(statement: str, parts: dict[str, str], name: str) -> str:
-    """The statement with each `{{part}}` replaced by the part's text."""
+def fill(statement: str, parts: dict[str, str], name: str, _within: tuple[str, ...] = ()) -> str:
+    """The statement with each `{{part}}` replaced by the part's text (its
+    own parts filled in too)."""
     def part(use: re.Match[str]) -> str:
         if use[1] not in parts:
             raise ValueError(f"statement {name!r} uses the unknown part {use[1]!r}")
-        return parts[use[1]]
+        if use[1] in _within:
+            raise ValueError(f"part {use[1]!r} uses itself (in statement {name!r})")
+        return fill(parts[use[1]], parts, name, (*_within, use[1]))
     return _USE.sub(part, statement)
 
 

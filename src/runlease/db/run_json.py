@@ -39,10 +39,12 @@ _COST = sql.SQL(
 def _lease(admin: bool) -> sql.Composable:
     if not admin:  # who holds a run is shown to admins only
         return sql.SQL("NULL::json")
+    # The lease's expiry is its holder incarnation's (agent_run_workers).
     return sql.SQL(
-        "CASE WHEN r.locked_by IS NOT NULL AND r.locked_until IS NOT NULL THEN"
+        "CASE WHEN r.locked_by IS NOT NULL THEN (SELECT"
         " json_build_object('locked_by', r.locked_by, 'locked_until', {until},"
-        " 'lease_epoch', r.lease_epoch) END").format(until=_time("r.locked_until"))
+        " 'lease_epoch', r.lease_epoch) FROM agent_run_workers w WHERE w.id = r.locked_by)"
+        " END").format(until=_time("w.expires_at"))
 
 
 def _columns(admin: bool) -> sql.Composable:

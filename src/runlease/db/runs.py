@@ -178,40 +178,24 @@ class QueueStore(Executor):
             raise InvalidTransition(run_id, "cancel", run.status)
         return run
 
-    async def reap(self, *, batch: int = 1000, also: Sequence[UUID] = (),
-                   conn: Conn | None = None) -> ReapResult:
-        """Expired leases back to pending (or dead / cancelled), one bounded
-        batch: those of workers whose registry row expired (or that have
-        none), and of `also` (what sweep_leases found) those that expired."""
+    async def reap(self, *, batch: int = 1000, conn: Conn | None = None) -> ReapResult:
+        """One bounded batch: worker incarnations that expired end, and the
+        runs of every holder that can no longer renew go back to pending (or
+        dead / cancelled)."""
         _check_batch(batch)
         rows = await self._rows(
-            "run_reap",
-            {"batch": batch, "ids": list(also), "channel_prefix": POOL_CHANNEL_PREFIX}, conn
-        )
+            "run_reap", {"batch": batch, "channel_prefix": POOL_CHANNEL_PREFIX}, conn)
         counts = {s: 0 for s in ("pending", "dead", "cancelled")}
-        for r in rows:
+        runs = [r for r in rows if r["id"] is not None]
+        for r in runs:
             counts[r["status"]] += 1
         return ReapResult(
             to_pending=counts["pending"],
             to_dead=counts["dead"],
             to_cancelled=counts["cancelled"],
-            reaped=tuple((r["id"], r["pool"], r["tenant_id"], r["status"]) for r in rows),
+            reaped=tuple((r["id"], r["pool"], r["tenant_id"], r["status"]) for r in runs),
+            ended=tuple(r["ended"] for r in rows if r["ended"] is not None),
         )
-
-    async def sweep_leases(
-        self, after: tuple[str, UUID] | None, *, rows: int = 1000, conn: Conn | None = None
-    ) -> tuple[list[UUID], tuple[str, UUID] | None]:
-        """One window of `rows` leases after the cursor `after` (None: from
-        the start): the expired ones' ids, and the cursor for the next
-        window (None once the window reached the end)."""
-        _check_batch(rows)
-        found = await self._rows(
-            "run_lease_sweep",
-            {"after_by": "" if after is None else after[0],
-             "after_id": UUID(int=0) if after is None else after[1], "rows": rows}, conn)
-        expired = [r["id"] for r in found if r["expired"]]
-        cursor = (found[-1]["locked_by"], found[-1]["id"]) if len(found) == rows else None
-        return expired, cursor
 
     async def redrive(
         self, run_id: UUID, *, tenant_id: str | None = None, conn: Conn | None = None

@@ -1,11 +1,12 @@
-"""The workers registry: who is running, in which pool, holding how many
-runs (statements in sql/workers.sql).
+"""The workers registry: one row per worker incarnation, which is the lease
+of every run it holds (statements in sql/workers.sql).
 
-A worker registers at start; its lease keeper renews the row in the same
-statement as its leases (run_heartbeat), or with worker_beat when it holds
-nothing; a clean shutdown deletes it; the reaper's leader deletes rows that
-expired long ago. The reaper reads the leases of workers whose row expired,
-not every lease (see run_reap).
+A worker registers an incarnation at start; its lease keeper renews that
+one row (heartbeat), whatever the runs it holds: a run's lease lives while
+its holder's incarnation does. An incarnation that is not renewed in time
+is ended by the reaper, which requeues its runs; an ended incarnation never
+renews again, so its worker stops every run it held and registers a new
+one. A clean shutdown ends it; the reaper's leader deletes rows over long ago.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from runlease import __version__
 from runlease.core import bounds
 from runlease.db.executor import Conn, Executor, take_stale_writes, untake_stale_writes
-from runlease.errors import ValidationError
+from runlease.errors import RunleaseError, ValidationError
 
 MAX_WORKER_ID_CHARS = 255
 MAX_VERSION_CHARS = 64
@@ -26,8 +28,8 @@ MAX_WORKER_LIST = 1000
 
 @dataclass(frozen=True, slots=True)
 class Registration:
-    """What a worker says about itself; its heartbeats carry it, so a row
-    deleted while the worker was away comes back."""
+    """What a worker incarnation says about itself (`worker`: its id, the
+    locked_by of every run it claims)."""
 
     worker: str
     pool: str
@@ -52,13 +54,24 @@ class WorkerRow:
     heartbeat_at: datetime
     expires_at: datetime
     alive: bool
+    ended_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> WorkerRow:
         return cls(id=row["id"], pool=row["pool"], version=row["version"],
                    concurrency=int(row["concurrency"]), runs_held=int(row["runs_held"]),
                    started_at=row["started_at"], heartbeat_at=row["heartbeat_at"],
-                   expires_at=row["expires_at"], alive=bool(row["alive"]))
+                   expires_at=row["expires_at"], alive=bool(row["alive"]),
+                   ended_at=row.get("ended_at"))
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """A heartbeat that renewed its incarnation: the new expiry of every lease
+    it holds, and its runs whose cancel was requested."""
+
+    expires_at: datetime
+    cancel_requested: frozenset[UUID] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,30 +96,43 @@ class WorkerStore(Executor):
 
     async def register_worker(self, reg: Registration, *, lease_s: int,
                               conn: Conn | None = None) -> WorkerRow:
-        """Insert or refresh this worker's row; expires lease_s from now."""
+        """Register a new incarnation, live for lease_s from now. An id that
+        was ever registered is refused (ids are never reused)."""
         _check(reg, lease_s)
         rows = await self._rows("worker_register", reg.params() | {"lease_s": lease_s}, conn)
+        if not rows:
+            raise RunleaseError(f"worker incarnation {reg.worker!r} was registered before: "
+                                "an incarnation id is never reused")
         return WorkerRow.from_row(rows[0])
 
-    async def worker_beat(self, reg: Registration, *, lease_s: int | None,
-                          conn: Conn | None = None) -> None:
-        """Renew the row of a worker that holds no run (lease_s None: the
-        pool's), adding the stale writes seen since the last beat."""
+    async def heartbeat(self, reg: Registration, *, lease_s: int, runs_held: int = 0,
+                        conn: Conn | None = None) -> Renewal | None:
+        """Renew the incarnation, and with it every lease it holds, for
+        lease_s from now; also reports the stale writes seen since the last
+        beat. None: the incarnation is over (ended, or expired before this
+        renewal): it holds nothing any more and may never renew again."""
         _check(reg, lease_s)
         stale = take_stale_writes(reg.pool)
         try:
-            await self._rows("worker_beat", reg.params() | {"lease_s": lease_s,
-                                                            "stale_writes": stale}, conn)
+            rows = await self._rows("worker_heartbeat", {
+                "worker": reg.worker, "lease_s": lease_s, "runs_held": max(0, runs_held),
+                "stale_writes": stale}, conn)
         except BaseException:
             untake_stale_writes(reg.pool, stale)
             raise
+        if not rows:
+            return None
+        return Renewal(rows[0]["expires_at"], frozenset(rows[0]["cancel_requested"]))
 
     async def deregister_worker(self, worker: str, *, conn: Conn | None = None) -> None:
+        """End the incarnation (a clean shutdown): it never renews again, and
+        the reaper requeues what it may still hold."""
         await self._rows("worker_deregister", {"worker": worker}, conn)
 
     async def delete_stale_workers(self, after_s: float, *,
                                    conn: Conn | None = None) -> list[tuple[str, str]]:
-        """Delete rows expired more than after_s ago; returns (id, pool) of each."""
+        """Delete rows of incarnations over (ended or expired) more than
+        after_s ago; returns (id, pool) of each."""
         rows = await self._rows("worker_delete_stale", {"after_s": after_s}, conn)
         return [(r["id"], r["pool"]) for r in rows]
 
@@ -131,8 +157,8 @@ class WorkerStore(Executor):
 
     async def list_workers(self, pool: str | None = None, *, limit: int = MAX_WORKER_LIST,
                            conn: Conn | None = None) -> list[WorkerRow]:
-        """Registered workers (expired rows not yet deleted included, with
-        alive False), by pool then start time."""
+        """Registered worker incarnations (ended or expired rows not yet
+        deleted included, with alive False), by pool then start time."""
         if not 1 <= limit <= MAX_WORKER_LIST:
             raise ValidationError("limit", f"must be between 1 and {MAX_WORKER_LIST}")
         rows = await self._rows("worker_list", {"pool": pool, "limit": limit}, conn)

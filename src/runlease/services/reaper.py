@@ -4,11 +4,11 @@ stale writes (the console's lease health per pool); and the leader's
 economics passes: the usage rollup, parents whose children have finished
 made due again, completion webhooks.
 
-Reaping reads the leases of workers whose registry row expired (or that
-have none), not every lease; a lease that expired while its worker lives
-(a run the worker stopped renewing) is found by a slow sweep: every
-`sweep_every` passes, one window of `sweep_rows` leases, the cursor moving
-on each time. Each pass is bounded whatever the number of live leases.
+A lease belongs to a worker incarnation: reaping ends the incarnations
+that stopped renewing and requeues the runs they held, in the same
+statement. It reads one index descent per holder and the leases of holders
+that cannot renew, never every lease: each pass is bounded whatever the
+number of live leases.
 
 Retention follows each pool's own retention_s (agent_run_pools), so whichever
 process wins the election deletes by the same windows: the pool row is the
@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from uuid import UUID
 
 from runlease import metrics
 from runlease.db.store import RunStore
@@ -42,8 +41,6 @@ class ReapBounds:
 
     batch: int = 1000  # rows one statement handles
     max_batches: int = 20  # statements of one kind in one pass
-    sweep_every: int = 2  # passes from one window of the slow sweep to the next
-    sweep_rows: int = 2000  # leases in one window
 
 
 class Reaper(PeriodicService):
@@ -68,7 +65,6 @@ class Reaper(PeriodicService):
         self.bounds = bounds
         self.forget_workers_after_s = forget_workers_after_s
         self._passes = 0
-        self._sweep_after: tuple[str, UUID] | None = None
         self.webhooks = WebhookSender(store)
 
     async def run_once(self) -> None:
@@ -83,12 +79,6 @@ class Reaper(PeriodicService):
         await self.wake_parents()
         await self.webhooks.run_once()
 
-    async def sweep(self) -> list[UUID]:
-        """One window of the slow sweep: the expired leases in it."""
-        expired, self._sweep_after = await self.store.sweep_leases(
-            self._sweep_after, rows=self.bounds.sweep_rows)
-        return expired
-
     async def _in_batches(self, batch: Callable[[], Awaitable[int]]) -> int:
         """`batch()` (one bounded batch: how many rows it did) until a batch is
         short of the bounds' batch or max_batches ran; how many rows in all."""
@@ -101,19 +91,22 @@ class Reaper(PeriodicService):
         return total
 
     async def reap(self) -> int:
+        """End the incarnations that stopped renewing and requeue their runs,
+        in bounded batches; how many runs went back."""
         self._passes += 1
-        also = await self.sweep() if (self._passes - 1) % self.bounds.sweep_every == 0 else []
-
-        async def batch() -> int:
-            nonlocal also
-            result = await self.store.reap(batch=self.bounds.batch, also=also)
-            also = []
+        total = 0
+        for _ in range(self.bounds.max_batches):
+            result = await self.store.reap(batch=self.bounds.batch)
+            for worker in result.ended:
+                log.warning("worker_ended worker=%s: it stopped renewing its lease", worker)
             for run_id, pool, tenant, status in result.reaped:
                 metrics.REAPED.labels(pool, status).inc()
                 log.warning("run_reaped run_id=%s pool=%s tenant=%s to=%s", run_id, pool,
                             tenant, status)
-            return result.total
-        return await self._in_batches(batch)
+            total += result.total
+            if result.total < self.bounds.batch and len(result.ended) < self.bounds.batch:
+                break
+        return total
 
     async def forget_workers(self) -> int:
         """Delete registry rows of workers gone for a while (the console stops

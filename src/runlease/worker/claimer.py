@@ -1,9 +1,12 @@
 """The claim loop: leases runs for the worker's free slots, and no more.
 
 Claims are batched up to the number of free slots, on a connection of their
-own. A NOTIFY on the pool's channel (or a freed slot) wakes the loop; with
-nothing notified it polls with jitter. A claim that fails is retried with
-backoff; runs claimed after the drain began are handed back at once.
+own, as the worker's current incarnation (none while the lease keeper
+registers the next one: the loop waits). A NOTIFY on the pool's channel (or
+a freed slot) wakes the loop; with nothing notified it polls with jitter. A
+claim that fails is retried with backoff; runs claimed after the drain
+began, or as an incarnation that was over by the time the claim answered,
+are handed back at once.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from collections.abc import Callable
 from runlease import metrics
 from runlease.db.models import Lease
 from runlease.db.store import stale_writes
-from runlease.errors import RunleaseError
+from runlease.errors import IncarnationEnded, RunleaseError
 from runlease.services.loop import Service, jittered, sleep
 from runlease.worker.holder import LeaseHolder
+from runlease.worker.incarnation import Incarnation
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +39,14 @@ class ClaimLoop(Service):
         batch: int,
         poll_interval_s: float,
         free_slots: Callable[[], int],
-        start_run: Callable[[Lease, float], None],
+        start_run: Callable[[Lease, float, Incarnation], None],
         wake: asyncio.Event,
         slot_freed: asyncio.Event,
     ) -> None:
-        """`start_run(lease, sent)` takes each claimed run (sent: when the
-        claim was sent, by the holder's clock, where its fence starts). `wake`
-        is set by the pool's NOTIFY, `slot_freed` when a run ends."""
+        """`start_run(lease, sent, incarnation)` takes each claimed run (sent:
+        when the claim was sent, by the holder's clock; incarnation: the one
+        it was claimed as, whose lease it lives by). `wake` is set by the
+        pool's NOTIFY, `slot_freed` when a run ends."""
         super().__init__()
         self.holder = holder
         self.batch = batch
@@ -82,6 +87,10 @@ class ClaimLoop(Service):
                     self.slot_freed.clear()
                     await self.slot_freed.wait()
                     continue
+                inc = self.holder.current
+                if inc is None or inc.over:  # the keeper is registering the next
+                    await sleep(self.poll_interval_s, self.holder.registered)
+                    continue
                 wait_s = await self.run_once()
                 if wait_s > 0 and not self.stopping.is_set():
                     await sleep(wait_s, self.wake)
@@ -96,12 +105,20 @@ class ClaimLoop(Service):
         n = min(self.free_slots(), self.batch)
         if n <= 0:
             return 0.0
-        self.wake.clear()
         h = self.holder
+        inc = h.current
+        if inc is None or inc.over:
+            return self.poll_interval_s
+        self.wake.clear()
         try:
             conn = await self._db.get()
             sent = h.clock.monotonic()
-            leases = await h.store.claim(h.pool, h.worker, n, lease_s=h.lease_s, conn=conn)
+            leases = await h.store.claim(h.pool, inc.id, n, conn=conn)
+        except IncarnationEnded:
+            # The database ended it before the keeper noticed: the keeper
+            # stops its runs and registers the next.
+            inc.end("ended")
+            return 0.0
         except (RunleaseError, OSError) as exc:
             delay, self._retry_s = self._retry_s, min(5.0, self._retry_s * 2)
             log.warning("claim_failed error=%s retry_in_s=%.2f", exc, delay)
@@ -109,13 +126,20 @@ class ClaimLoop(Service):
             return delay
         self._retry_s = 0.1
         metrics.child(metrics.CLAIM_LATENCY, h.pool).observe(h.clock.monotonic() - sent)
-        if self.stopping.is_set():  # claimed while the drain began: hand them back at once
-            released = await h.store.release(h.worker, [(x.run_id, x.epoch) for x in leases])
+        if leases and (self.stopping.is_set() or inc.over):
+            # Claimed while the drain began, or as an incarnation over by now:
+            # hand them back at once (a release the database refuses leaves
+            # them to the reaper, with the rest of the incarnation's runs).
+            try:
+                released = await h.store.release(inc.id, [(x.run_id, x.epoch) for x in leases])
+            except RunleaseError as exc:
+                log.warning("claim_release_failed runs=%d error=%s", len(leases), exc)
+                released = {}
             if len(released) < len(leases):
                 stale_writes(h.pool, len(leases) - len(released))
             return 0.0
         for lease in leases:
-            self.start_run(lease, sent)
+            self.start_run(lease, sent, inc)
         return jittered(self.poll_interval_s) if len(leases) < n else 0.0
 
     async def close(self) -> None:

@@ -14,6 +14,7 @@ from runlease import metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core.states import Outcome
 from runlease.db.models import Lease
+from runlease.worker.incarnation import Incarnation
 from runlease.worker.toolenv import run_vars
 from runlease.worker.tools import ToolRunner
 from runlease.worker.waits import Flag
@@ -43,11 +44,11 @@ class AttemptTerms:
     # ManualClock in tests, so the fence is driven without sleeping).
     clock: Clock = field(default_factory=SystemClock)
 
-    @cached_property  # read at every renewal of every run held
+    @cached_property
     def fence_after_s(self) -> float:
-        """Self-fencing: how long after a claim (or a renewal) was sent the
-        attempt stops, before the lease could expire (the database set
-        locked_until after the send)."""
+        """Self-fencing: how long after a renewal of the incarnation (or its
+        registration) was sent its runs stop, before the lease could expire
+        (the database set expires_at after the send)."""
         return self.lease_s - self.margin_s
 
 
@@ -64,11 +65,16 @@ class RunHandle:
         *,
         claimed_at: float,
         previous: RunHandle | None = None,
+        incarnation: Incarnation | None = None,
     ) -> None:
+        """`incarnation`: the worker incarnation the run was claimed as, whose
+        lease is this run's (one of its own, fenced from claimed_at, when
+        none is given: a handle made outside a worker)."""
         self.lease = lease
         self.terms = terms
         self.claimed_at = claimed_at
-        self.fence_at = claimed_at + terms.fence_after_s
+        self.incarnation = incarnation or Incarnation(
+            lease.worker, claimed_at + terms.fence_after_s)
         # The run id as text, made once: task names and the tools' env use it.
         self.rid = str(lease.run_id)
         self.cancel = asyncio.Event()
@@ -94,6 +100,9 @@ class RunHandle:
         # Set when the attempt's ending is taken in hand, by the quick way or
         # the full one (worker/runner.py): never both.
         self.settled = False
+        # How the attempt ended (worker/runner.py records it): an attempt that
+        # ended UNKNOWN wrote no ending, and its run is still leased.
+        self.outcome: Outcome | None = None
         self._killing: asyncio.Task[None] | None = None
 
     @property
@@ -103,6 +112,12 @@ class RunHandle:
     @property
     def pool(self) -> str:
         return self.lease.run.pool
+
+    @property
+    def fence_at(self) -> float:
+        """When, by the worker's clock, this run's lease could expire: its
+        incarnation's fence (minus infinity once the incarnation is over)."""
+        return self.incarnation.fence_at
 
     @property
     def writes_allowed(self) -> bool:
@@ -116,25 +131,28 @@ class RunHandle:
     def may_write(self) -> bool:
         """Checked before every write: False once the lease is lost, or once
         the fence deadline has passed by this worker's own clock (then the
-        attempt is self-fenced here, whoever noticed first)."""
-        if not self.writes_allowed:
+        attempt is self-fenced here, whoever noticed first), or once its
+        incarnation is over (the lease keeper stops every run of it)."""
+        if not self.writes_allowed or self.incarnation.over:
             return False
         now = self.terms.clock.monotonic()
-        if now >= self.fence_at:
+        if now >= self.incarnation.fence_at:
             self.self_fence(now)
             return False
         return True
 
     def self_fence(self, now: float) -> None:
+        """Stop: the lease could have expired by this worker's clock. The
+        whole incarnation is over with it (the database knows one lease for
+        all its runs: renewing it for the others would keep this run leased
+        with nobody running it)."""
         if not self.writes_allowed:
             return
         metrics.child(metrics.SELF_FENCED, self.pool).inc()
         log.error("run_self_fenced run_id=%s since_renewal_s=%.2f", self.run_id,
                   now - (self.fence_at - self.terms.fence_after_s))
         self.stop(StopReason.SELF_FENCED)
-
-    def renewed(self, sent_at: float) -> None:
-        self.fence_at = sent_at + self.terms.fence_after_s
+        self.incarnation.end("self_fenced")
 
     def request_cancel(self) -> None:
         """The user's Stop reached this worker (NOTIFY or the heartbeat flag)."""

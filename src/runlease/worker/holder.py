@@ -2,9 +2,11 @@
 
 Both act for this worker, in its pool, by the same lease length and the same
 monotonic clock, and each on a connection of its own (a claim or a renewal
-must never wait for a connection the runs' writes hold). The worker builds
-one LeaseHolder and hands it to both, so they cannot claim by one set of
-terms and renew by another.
+must never wait for a connection the runs' writes hold). They also share the
+worker's current incarnation (worker/incarnation.py): the keeper registers
+and renews it, the claim loop claims as it. The worker builds one
+LeaseHolder and hands it to both, so they cannot claim by one set of terms
+and renew by another.
 """
 
 from __future__ import annotations
@@ -18,17 +20,20 @@ from functools import partial
 from runlease.clock import Clock, SystemClock
 from runlease.db.connect import Conn, connect
 from runlease.db.store import RunStore
+from runlease.worker.incarnation import Incarnation
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass
 class LeaseHolder:
-    """This worker as the holder of its pool's leases."""
+    """This worker as the holder of its pool's leases. `identity` is the
+    worker's (pod UID or host, boot id, pid); each incarnation's id adds a
+    random part to it."""
 
     store: RunStore
     url: str
-    worker: str
+    identity: str
     _: KW_ONLY
     pool: str
     lease_s: int
@@ -36,6 +41,23 @@ class LeaseHolder:
     # The worker's monotonic clock: the fence and the heartbeat schedule are
     # read from it (sleeps are the event loop's own, whatever it says).
     clock: Clock = field(default_factory=SystemClock)
+    # How long after a renewal was sent its leases are still surely held,
+    # by this clock (lease_s less the worker's safety margin).
+    fence_after_s: float = 0.0
+    # The incarnation claims are made as: None until one is registered, and
+    # from when one is over until the next is.
+    current: Incarnation | None = None
+    # Set while `current` is a live incarnation: the claim loop waits on it.
+    registered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        if self.fence_after_s <= 0:
+            self.fence_after_s = float(self.lease_s)
+
+    @property
+    def worker(self) -> str | None:
+        """The current incarnation's id, or None when there is none."""
+        return self.current.id if self.current is not None else None
 
     def own_connection(self, application_name: str) -> OwnConnection:
         return OwnConnection(partial(connect, self.url, prepare=self.prepare,

@@ -201,6 +201,7 @@ class Runner:
         log.log(logging.DEBUG if outcome == Outcome.DONE else logging.INFO,
                 "run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
                 run.tenant_id, run.attempts, outcome)
+        handle.outcome = outcome
         handle.finished.set()
 
     @staticmethod

@@ -3,7 +3,9 @@
     claim loop    claims only for free slots (batched up to the number free),
                   on its own connection; wakes on the pool's NOTIFY, polls with
                   jitter as the fallback
-    lease keeper  one heartbeat per interval for every run held; self-fencing
+    lease keeper  the worker's incarnation: registered, renewed once per interval
+                  whatever the runs held (a run's lease is its incarnation's),
+                  fenced by the worker's clock, replaced when it is over
     listener      its own session: the pool channel and the cancel channel
     acker         acks of runs that finish together go out in one statement
     reaper        leader-elected through PostgreSQL; reap and retention
@@ -28,11 +30,12 @@ from uuid import UUID
 from runlease import logs, metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core.redact import Redactor
+from runlease.core.states import Outcome
 from runlease.db.channels import CANCEL_CHANNEL, pool_channel
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
 from runlease.db.pooler import check_behind_pooler
-from runlease.db.store import Registration, Rendered, RunStore
+from runlease.db.store import Rendered, RunStore
 from runlease.db.workers import MAX_WORKER_ID_CHARS
 from runlease.errors import RunleaseError, SettingsError
 from runlease.services.http import ProbeServer
@@ -48,6 +51,7 @@ from runlease.worker.acker import Acker
 from runlease.worker.claimer import ClaimLoop
 from runlease.worker.handle import AttemptTerms, RunHandle, StopReason
 from runlease.worker.holder import LeaseHolder
+from runlease.worker.incarnation import INCARNATION_SUFFIX_CHARS, Incarnation
 from runlease.worker.lease_keeper import LeaseKeeper
 from runlease.worker.runner import Agent, Runner
 
@@ -77,9 +81,12 @@ class Worker:
         self.settings = settings
         self.url: str = settings.database_url
         self.agent: Agent = agent or load_agent(settings.agent, settings.app_dir)
+        # Each incarnation's id (its registry row, the runs' locked_by) is
+        # this identity and a random part.
         self.identity = identity or worker_id()
-        if len(self.identity) > MAX_WORKER_ID_CHARS:  # its registry row would refuse it
-            raise SettingsError(f"the worker identity is over {MAX_WORKER_ID_CHARS} characters")
+        if len(self.identity) > MAX_WORKER_ID_CHARS - INCARNATION_SUFFIX_CHARS:
+            raise SettingsError("the worker identity is over "
+                                f"{MAX_WORKER_ID_CHARS - INCARNATION_SUFFIX_CHARS} characters")
         self.handle_signals = handle_signals
         self.tool_grant = tool_grant
         self.seal_environ = seal_environ
@@ -98,6 +105,7 @@ class Worker:
         self._done = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self.claims: ClaimLoop | None = None
+        self.holder: LeaseHolder | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self.started = asyncio.Event()
 
@@ -126,18 +134,17 @@ class Worker:
         except BaseException:
             await conn_pool.close()
             raise
-        # In the workers registry until a clean shutdown (the lease keeper renews the row).
-        self.registration = Registration(self.identity, s.pool, s.concurrency)
-        await self._register()
         self.acker = Acker(self.store, pool=s.pool)
         self.runner = Runner(self.store, self.agent, ack=self._ack, spawn=self._spawn,
                              ended=self._ended)
         self.terms = AttemptTerms(s.lease_s, s.margin_s, s.cancel_grace_s, s.tool_kill_grace_s,
                                   self.tool_grant, self.clock)
-        holder = LeaseHolder(self.store, self.url, self.identity, pool=s.pool,
-                             lease_s=s.lease_s, prepare=s.prepared_statements, clock=self.clock)
+        self.holder = holder = LeaseHolder(
+            self.store, self.url, self.identity, pool=s.pool, lease_s=s.lease_s,
+            prepare=s.prepared_statements, clock=self.clock,
+            fence_after_s=self.terms.fence_after_s)
         self.keeper = LeaseKeeper(holder, self.active, interval_s=s.heartbeat_interval_s,
-                                  on_lost=self._lost, registry=self.registration)
+                                  on_lost=self._lost, concurrency=s.concurrency)
         self.claims = ClaimLoop(holder, batch=s.batch, poll_interval_s=s.poll_interval_s,
                                 free_slots=lambda: s.concurrency - len(self.active),
                                 start_run=self._start, wake=self._wake,
@@ -156,6 +163,9 @@ class Worker:
         metrics.WORKER_SLOTS.labels(s.pool).set(s.concurrency)
         metrics.WORKER_DRAINING.labels(s.pool).set(0)
         try:
+            # In the workers registry until a clean shutdown: the first
+            # incarnation, before anything is claimed.
+            await self._first_incarnation()
             if self.probes:
                 await self.probes.start()
             for service in (self.acker, self.keeper, self.listener, self.elector, self.reaper,
@@ -195,11 +205,12 @@ class Worker:
                             pool.name, pool.lease_s, self.settings.lease_s)
             return pool
 
-    async def _register(self) -> None:
-        try:
-            await self.store.register_worker(self.registration, lease_s=self.settings.lease_s)
-        except RunleaseError as exc:  # the first heartbeat inserts the row again
-            log.warning("worker_register_failed error=%s", exc)
+    async def _first_incarnation(self) -> None:
+        """Register the first incarnation, waiting for the database."""
+        delay = 0.2
+        while not await self.keeper.register():
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
 
     def drain(self) -> None:
         """Begin a graceful stop (what SIGTERM does)."""
@@ -262,8 +273,10 @@ class Worker:
             await self.probes.stop()
         if self.claims is not None:
             await self.claims.stop(1.0)
-        with contextlib.suppress(RunleaseError):
-            await self.store.deregister_worker(self.identity)
+        incarnation = self.holder.current if self.holder is not None else None
+        if incarnation is not None:
+            with contextlib.suppress(RunleaseError):
+                await self.store.deregister_worker(incarnation.id)
 
     # -- claiming -----------------------------------------------------------------------
 
@@ -272,7 +285,7 @@ class Worker:
         """Attempts executing now, older attempts of reclaimed runs included."""
         return len(self.active)
 
-    def _start(self, lease: Lease, claimed_at: float) -> None:
+    def _start(self, lease: Lease, claimed_at: float, incarnation: Incarnation) -> None:
         s = self.settings
         previous = self.held.get(lease.run_id)
         if previous is not None:
@@ -284,7 +297,8 @@ class Worker:
                 log.error("lease_lost run_id=%s epoch=%s reclaimed_as_epoch=%s", lease.run_id,
                           previous.lease.epoch, lease.epoch)
             previous.stop(StopReason.LEASE_LOST)
-        handle = RunHandle(lease, self.terms, claimed_at=claimed_at, previous=previous)
+        handle = RunHandle(lease, self.terms, claimed_at=claimed_at, previous=previous,
+                           incarnation=incarnation)
         self.held[lease.run_id] = handle
         self.active.add(handle)
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
@@ -306,6 +320,10 @@ class Worker:
 
     def _ended(self, handle: RunHandle) -> None:
         """The attempt has really ended (an abandoned agent's task included)."""
+        if handle.outcome in (None, Outcome.UNKNOWN):
+            # Its ending was not written, and its incarnation lives on: the
+            # keeper hands the run back rather than leave it leased by nobody.
+            self.keeper.unsettled(handle)
         self.active.discard(handle)
         if self.held.get(handle.run_id) is handle:
             del self.held[handle.run_id]

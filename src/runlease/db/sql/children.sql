@@ -72,7 +72,7 @@ WITH {{clock}}, open AS (
            available_at = CASE WHEN r.cancel_requested_at IS NULL AND open.waiting
                                THEN '9999-01-01 00:00:00+00'::timestamptz
                                ELSE clock.ts END,
-           locked_by = NULL, locked_until = NULL,
+           locked_by = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock, open
      WHERE {{lease_held}}

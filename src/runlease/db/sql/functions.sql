@@ -143,11 +143,24 @@ CREATE OR REPLACE TRIGGER agent_runs_objects_check
     WHEN (jsonb_typeof(NEW.input_json) <> 'object' OR jsonb_typeof(NEW.budget_json) <> 'object')
     EXECUTE FUNCTION runlease_refuse_non_object();
 
--- Claim up to p_n runs of a pool for one worker: one call, one short
--- transaction, plans cached by PL/pgSQL.
+-- The claim, in named stages
+-- ==========================
+--
+-- runlease_claim(pool, worker, n, now) leases up to n runs of a pool for one
+-- worker incarnation, in one call and one short transaction. It is a short
+-- orchestrator of stages, each a function of its own with its own EXPLAIN
+-- test (tests/integration/test_claim_plans.py):
+--
+--   admit    the pool's terms: paused, tenant caps, token rates -> who may claim
+--   promote  runs whose backoff has ended go back into the claim's indexes
+--   tenants  the tenants with ready runs, less those that may not claim
+--   places   the head of the pool's fair order: whose turn it is
+--   recount  the capped tenants among the places, locked, their leases counted
+--   fill     each tenant's own priority order fills its places
+--   lease    the chosen runs become leased by the incarnation
 --
 -- Fairness first, then priority. The pool's fair order (fair_seq, assigned at
--- enqueue) hands out places in turn: the first p_n available runs in that
+-- enqueue) hands out places in turn: the first n available runs in that
 -- order are this claim's places, and each place belongs to its run's tenant.
 -- A tenant's own priority then decides which of its runs fills its places:
 -- among its place holders and its highest-priority available runs, the best
@@ -157,96 +170,74 @@ CREATE OR REPLACE TRIGGER agent_runs_objects_check
 -- the run that used its place, so the tenant's remaining places stay where
 -- they were: a tenant cannot keep a place at the head by holding one old run.
 --
--- Costs flat in what waits: the places are not read off one scan of the
--- pool's fair order (which would pass every run of a capped tenant and every
--- run in backoff ahead of the first claimable one) but merged from each
--- claimable tenant's own line: the tenants with ready runs come from a loose
--- index scan of agent_runs_pending_tenant_idx, capped ones are dropped by
--- name, and each remaining tenant gives at most its first few ready runs
--- (those up to the window's bound, below).
--- Runs in backoff are in none of these indexes (delayed); the claim first
--- moves a bounded batch of those whose time has come back into them.
+-- Costs flat in what waits: the places are merged from each claimable
+-- tenant's own line, not read off one scan of the pool's fair order (which
+-- would pass every run of a capped tenant and every run in backoff ahead of
+-- the first claimable one). Runs in backoff are in none of the claim's
+-- indexes (delayed) until `promote` moves them back.
 --
--- Paused pools claim nothing. Tenant limits: when the pool has any,
--- claimers serialize per limited tenant on a transaction-level advisory lock
--- and count that tenant's leases in a statement that starts after the lock is
--- held, so the count includes every claim committed before: never more than
--- L leased, however many workers claim at once. A single statement cannot do
--- this, its snapshot predates any lock it takes; hence a function.
-CREATE OR REPLACE FUNCTION runlease_claim(
-    p_pool text, p_worker text, p_n integer, p_lease_s integer, p_now timestamptz
-) RETURNS TABLE (
-    id uuid, pool text, tenant_id text, priority integer, attempts integer,
-    max_attempts integer, lease_epoch bigint, locked_until timestamptz,
-    cancel_requested_at timestamptz, input_json jsonb, budget_json jsonb,
-    created_at timestamptz, available_at timestamptz, updated_at timestamptz,
-    nth bigint
+-- Plans that hold whatever the statistics say. Every stage reads agent_runs
+-- through an index whose order is the order it wants, with a LIMIT; the
+-- planner may only go wrong by believing a set is tiny (a table analyzed
+-- empty, or with a million done runs, or never: the burst of runs onto an
+-- idle pool that agent traffic is made of) and then preferring another
+-- index of the same predicate plus a sort, which reads every pending run of
+-- the pool per claim (measured: 15,000 rows read for 5 claimed; the drain 3
+-- to 5 times slower until an autoanalyze). So each stage plans with
+-- enable_sort off: a sort stays where no index can give the order, and
+-- nowhere else. Generic plans (plan_cache_mode): custom plans would be
+-- re-planned at every call, and the planning costs more than the claim.
+
+
+-- What a claim leases, by name (the store reads it by name).
+DROP FUNCTION IF EXISTS runlease_claim(text, text, integer, integer, timestamptz);
+
+
+-- Stage admit: the pool's terms for this claim. `is_open` is false when
+-- nothing may be claimed at all: no such pool, paused, or every tenant paused
+-- (a default cap of 0 and no positive override). `skip`: tenants at their
+-- cap by this snapshot (a hint that keeps their runs out of the places; the
+-- exact count comes in `recount`, after the locks) or over their token rate
+-- (the model tokens their runs logged in the last minute). `only_tenants`:
+-- with a default cap of 0, the tenants with a positive override, the only
+-- ones to look at (or paused tenants' runs at the head of the fair order
+-- would fill every place and nobody would ever be claimed).
+CREATE OR REPLACE FUNCTION runlease_claim_admit(
+    p_pool text, p_now timestamptz,
+    OUT is_open boolean, OUT default_limit integer, OUT aging_s integer,
+    OUT limited boolean, OUT skip text[], OUT only_tenants text[]
 )
 LANGUAGE plpgsql
--- Custom plans would be re-planned at every call (the planning costs more
--- than the claim); the generic plans use the same indexes.
 SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
 AS $$
-#variable_conflict use_column
 DECLARE
-    v_now           timestamptz := coalesce(p_now, now());
-    v_lease_s       integer;
-    v_default_limit integer;
-    v_aging_s       integer;
-    v_paused        boolean;
-    v_limited       boolean;
-    v_skip          text[] := '{}';
-    v_only          text[];
-    v_slot_ids      uuid[];
-    v_slot_tenants  text[];
-    v_tenants       text[];
-    v_takes         integer[];
-    v_pick_ids      uuid[];
-    v_pick_tenants  text[];
-    v_pick_fair     bigint[];
-    v_pick_k        bigint[];
-    v_seen          uuid[] := '{}';
-    v_cand          uuid[];
-    v_got_ids       uuid[];
-    v_got_tenants   text[];
-    v_got_fair      bigint[];
-    v_slot_fair     bigint[] := '{}';
-    v_round         integer := 0;
-    v_need          integer;
-    v_window        integer;
-    v_eligible      text[];
-    v_k             integer;
-    v_due           uuid[];
-    v_rated         boolean;
+    v_paused boolean;
+    v_rated  boolean;
 BEGIN
-    SELECT p.lease_s, p.default_max_in_flight, p.priority_aging_s, p.paused,
+    is_open := false;
+    skip := '{}';
+    SELECT p.default_max_in_flight, p.priority_aging_s, p.paused,
            p.default_max_in_flight IS NOT NULL
            OR EXISTS (SELECT 1 FROM agent_run_tenant_limits t
                        WHERE t.pool = p_pool AND t.max_in_flight IS NOT NULL),
            EXISTS (SELECT 1 FROM agent_run_tenant_limits t
                     WHERE t.pool = p_pool AND t.tokens_per_minute IS NOT NULL)
-      INTO v_lease_s, v_default_limit, v_aging_s, v_paused, v_limited, v_rated
+      INTO default_limit, aging_s, v_paused, limited, v_rated
       FROM agent_run_pools p WHERE p.name = p_pool;
-    IF NOT FOUND OR v_paused OR p_n < 1 THEN
+    IF NOT FOUND OR v_paused THEN
         RETURN;
     END IF;
-
-    IF v_default_limit = 0 THEN
-        -- Every tenant without a positive override is paused: look only at
-        -- those with one, or paused tenants' runs at the head of the fair
-        -- order would fill every place and nobody would ever be claimed.
-        SELECT coalesce(array_agg(t.tenant_id), '{}') INTO v_only
+    IF default_limit = 0 THEN
+        SELECT coalesce(array_agg(t.tenant_id), '{}') INTO only_tenants
           FROM agent_run_tenant_limits t
          WHERE t.pool = p_pool AND t.max_in_flight > 0;
-        IF cardinality(v_only) = 0 THEN
+        IF cardinality(only_tenants) = 0 THEN
             RETURN;
         END IF;
     END IF;
-
-    IF v_limited THEN
-        -- Tenants at their limit by this snapshot: only a hint that keeps
-        -- their runs out of the places; the exact count comes after the locks.
-        SELECT coalesce(array_agg(x.tenant_id), '{}') INTO v_skip
+    IF limited THEN
+        SELECT coalesce(array_agg(x.tenant_id), '{}') INTO skip
           FROM (SELECT l.tenant_id
                   FROM (SELECT r.tenant_id, count(*) AS n
                           FROM agent_runs r
@@ -254,43 +245,67 @@ BEGIN
                          GROUP BY r.tenant_id) l
                   LEFT JOIN agent_run_tenant_limits t
                     ON t.pool = p_pool AND t.tenant_id = l.tenant_id
-                 WHERE l.n >= coalesce(t.max_in_flight, v_default_limit)
+                 WHERE l.n >= coalesce(t.max_in_flight, default_limit)
                 UNION
                 SELECT t.tenant_id FROM agent_run_tenant_limits t
                  WHERE t.pool = p_pool
-                   AND coalesce(t.max_in_flight, v_default_limit) = 0) x;
+                   AND coalesce(t.max_in_flight, default_limit) = 0) x;
     END IF;
-
     IF v_rated THEN
-        -- Tenants over their token rate: the model tokens their runs logged
-        -- in the last minute (agent_run_usage_log, by its tenant index). Their
-        -- runs wait, in every claimer alike, until the minute is under the rate.
-        v_skip := v_skip || ARRAY(
+        -- Their runs wait, in every claimer alike, until the minute is under the rate.
+        skip := skip || ARRAY(
             SELECT t.tenant_id FROM agent_run_tenant_limits t
              WHERE t.pool = p_pool AND t.tokens_per_minute IS NOT NULL
                AND (SELECT coalesce(sum(l.input_tokens + l.output_tokens), 0)
                       FROM agent_run_usage_log l
                      WHERE l.pool = p_pool AND l.tenant_id = t.tenant_id
-                       AND l.created_at > v_now - interval '60 seconds')
+                       AND l.created_at > p_now - interval '60 seconds')
                    >= t.tokens_per_minute);
     END IF;
+    is_open := true;
+END;
+$$;
 
-    -- Runs whose backoff is over become ready (a bounded batch per claim;
-    -- what is left over is promoted by the next claims).
+
+-- Stage promote: runs whose backoff is over become ready (a bounded batch
+-- per claim; what is left over is promoted by the next claims). Returns how
+-- many.
+CREATE OR REPLACE FUNCTION runlease_claim_promote(p_pool text, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+DECLARE
+    v_due uuid[];
+BEGIN
     SELECT array_agg(d.id) INTO v_due
       FROM (SELECT d.id FROM agent_runs d
              WHERE d.pool = p_pool AND d.status = 'pending' AND d.delayed
-               AND d.available_at <= v_now
+               AND d.available_at <= p_now
              ORDER BY d.available_at
              LIMIT 1000
                FOR UPDATE SKIP LOCKED) d;
-    IF v_due IS NOT NULL THEN
-        UPDATE agent_runs r SET delayed = false WHERE r.id = ANY (v_due);
+    IF v_due IS NULL THEN
+        RETURN 0;
     END IF;
+    UPDATE agent_runs r SET delayed = false WHERE r.id = ANY (v_due);
+    RETURN cardinality(v_due);
+END;
+$$;
 
-    -- The places: the head of the pool's fair order among tenants that may
-    -- claim, merged from each one's own line. The tenants with ready runs
-    -- come from a loose index scan (one descent each), less the capped ones.
+
+-- Stage tenants: the tenants with ready runs (a loose index scan, one
+-- descent each), less those in p_skip, and only those in p_only when given.
+CREATE OR REPLACE FUNCTION runlease_claim_tenants(p_pool text, p_skip text[], p_only text[])
+RETURNS text[]
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+DECLARE
+    v_tenants text[];
+BEGIN
     WITH RECURSIVE tenants AS (
         (SELECT r.tenant_id FROM agent_runs r
           WHERE r.pool = p_pool AND r.status = 'pending' AND NOT r.delayed
@@ -303,26 +318,51 @@ BEGIN
           FROM tenants t
          WHERE t.tenant_id IS NOT NULL
     )
-    SELECT coalesce(array_agg(t.tenant_id), '{}') INTO v_eligible
+    SELECT coalesce(array_agg(t.tenant_id), '{}') INTO v_tenants
       FROM tenants t
      WHERE t.tenant_id IS NOT NULL
-       AND t.tenant_id <> ALL (v_skip)
-       AND (v_only IS NULL OR t.tenant_id = ANY (v_only));
-    IF cardinality(v_eligible) = 0 THEN
+       AND t.tenant_id <> ALL (p_skip)
+       AND (p_only IS NULL OR t.tenant_id = ANY (p_only));
+    RETURN v_tenants;
+END;
+$$;
+
+
+-- Stage places: the head of the pool's fair order among p_tenants, up to
+-- p_n runs, each locked (FOR UPDATE SKIP LOCKED); ids and tenants in fair
+-- order. Each round looks at a window of the merged order, `window` runs
+-- (p_n, then 4 times more each round), none after a bound taken from the
+-- tenants' lines (so a tenant whose line starts later is not read). Rows
+-- another claimer holds are passed over; the next round looks past them
+-- with a wider window.
+CREATE OR REPLACE FUNCTION runlease_claim_places(
+    p_pool text, p_n integer, p_tenants text[], p_now timestamptz,
+    OUT ids uuid[], OUT tenants text[]
+)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+DECLARE
+    v_seen      uuid[] := '{}';
+    v_cand      uuid[];
+    v_got_ids   uuid[];
+    v_got_tens  text[];
+    v_got_fair  bigint[];
+    v_fair      bigint[] := '{}';
+    v_round     integer := 0;
+    v_need      integer;
+    v_window    integer := p_n;
+    v_k         integer;
+BEGIN
+    ids := '{}';
+    tenants := '{}';
+    IF cardinality(p_tenants) = 0 OR p_n < 1 THEN
         RETURN;
     END IF;
-
-    -- Each round looks at a window of the merged order, v_window runs
-    -- (p_n, then 4 times more each round), none after a bound taken from the
-    -- tenants' lines (so a tenant whose line starts later is not read). Rows another claimer
-    -- holds are passed over (SKIP LOCKED); the next round looks past them
-    -- with a wider window.
-    v_slot_ids := '{}';
-    v_slot_tenants := '{}';
-    v_window := p_n;
     LOOP
         v_round := v_round + 1;
-        v_need := p_n - cardinality(v_slot_ids);
+        v_need := p_n - cardinality(ids);
         IF v_round > 1 THEN
             v_window := v_window * 4;
         END IF;
@@ -330,17 +370,17 @@ BEGIN
         -- the tenants' k-th runs, j = ceil(window / k): j tenants have k runs
         -- each at or before it, so the window's runs all are. Each tenant
         -- then gives about window / tenants runs, not a whole window.
-        v_k := ceil(v_window::numeric / cardinality(v_eligible))::integer;
-        -- One statement, so one snapshot: the window holds v_window runs
+        v_k := ceil(v_window::numeric / cardinality(p_tenants))::integer;
+        -- One statement, so one snapshot: the window holds `window` runs
         -- whenever that many are there to find.
         WITH kth AS (
             SELECT h.fair_seq
-              FROM unnest(v_eligible) AS t (tenant_id)
+              FROM unnest(p_tenants) AS t (tenant_id)
              CROSS JOIN LATERAL (
                     SELECT r.fair_seq FROM agent_runs r
                      WHERE r.pool = p_pool AND r.tenant_id = t.tenant_id
                        AND r.status = 'pending' AND NOT r.delayed
-                       AND r.available_at <= v_now
+                       AND r.available_at <= p_now
                        AND r.id <> ALL (v_seen)
                      ORDER BY r.fair_seq, r.id
                     OFFSET v_k - 1
@@ -355,13 +395,13 @@ BEGIN
         SELECT array_agg(c.id ORDER BY c.fair_seq, c.id)
           INTO v_cand
           FROM (SELECT h.id, h.fair_seq
-                  FROM unnest(v_eligible) AS t (tenant_id)
+                  FROM unnest(p_tenants) AS t (tenant_id)
                  CROSS JOIN LATERAL (
                         SELECT r.id, r.fair_seq FROM agent_runs r
                          WHERE r.pool = p_pool AND r.tenant_id = t.tenant_id
                            AND r.status = 'pending' AND NOT r.delayed
                            AND r.fair_seq <= (SELECT bound.fair_seq FROM bound)
-                           AND r.available_at <= v_now
+                           AND r.available_at <= p_now
                            AND r.id <> ALL (v_seen)
                          ORDER BY r.fair_seq, r.id
                          LIMIT v_window
@@ -370,78 +410,105 @@ BEGIN
                  LIMIT v_window) c;
         EXIT WHEN v_cand IS NULL;
         SELECT array_agg(s.id), array_agg(s.tenant_id), array_agg(s.fair_seq)
-          INTO v_got_ids, v_got_tenants, v_got_fair
+          INTO v_got_ids, v_got_tens, v_got_fair
           FROM (SELECT r.id, r.tenant_id, r.fair_seq
                   FROM agent_runs r
                  WHERE r.id = ANY (v_cand)
                    -- Written so no partial index's predicate is implied: by
                    -- primary key, not a full scan of an index for the ids.
                    AND (r.status = 'pending' AND NOT r.delayed) IS TRUE
-                   AND r.available_at <= v_now
+                   AND r.available_at <= p_now
                    AND r.cancel_requested_at IS NULL
                  ORDER BY r.fair_seq, r.id
                  LIMIT v_need
                    FOR UPDATE SKIP LOCKED) s;
-        v_slot_ids := v_slot_ids || coalesce(v_got_ids, '{}');
-        v_slot_tenants := v_slot_tenants || coalesce(v_got_tenants, '{}');
-        v_slot_fair := v_slot_fair || coalesce(v_got_fair, '{}');
+        ids := ids || coalesce(v_got_ids, '{}');
+        tenants := tenants || coalesce(v_got_tens, '{}');
+        v_fair := v_fair || coalesce(v_got_fair, '{}');
         -- Done when full, when the window held everything there was, or
         -- after a few rounds (a claim that comes back short is repeated).
-        EXIT WHEN cardinality(v_slot_ids) >= p_n OR cardinality(v_cand) < v_window
-               OR v_round >= 6;
+        EXIT WHEN cardinality(ids) >= p_n OR cardinality(v_cand) < v_window OR v_round >= 6;
         v_seen := v_seen || v_cand;
     END LOOP;
-    IF cardinality(v_slot_ids) = 0 THEN
-        RETURN;
+    IF v_round > 1 AND cardinality(ids) > 0 THEN
+        -- Rounds after the first may have found runs ahead of earlier ones.
+        SELECT array_agg(s.id ORDER BY s.f, s.id), array_agg(s.t ORDER BY s.f, s.id)
+          INTO ids, tenants
+          FROM unnest(ids, tenants, v_fair) AS s (id, t, f);
     END IF;
-    -- Rounds after the first may have found runs ahead of earlier ones.
-    SELECT array_agg(s.id ORDER BY s.f, s.id), array_agg(s.t ORDER BY s.f, s.id)
-      INTO v_slot_ids, v_slot_tenants
-      FROM unnest(v_slot_ids, v_slot_tenants, v_slot_fair) AS s (id, t, f);
+END;
+$$;
 
-    IF v_limited THEN
-        -- Lock every limited tenant among the places, in one global order
-        -- so two claimers can never wait for each other in a cycle.
+
+-- Stage recount: how many of its places each tenant may use: all of them,
+-- or what its cap leaves. With caps in the pool (p_limited), claimers
+-- serialize per capped tenant on a transaction-level advisory lock, taken
+-- for every capped tenant among the places in one global order (two
+-- claimers never wait for each other in a cycle), and count that tenant's
+-- leases in a statement that starts after the lock is held: its snapshot
+-- sees every claim committed before, so never more than L are leased
+-- however many workers claim at once. (A single statement cannot do this:
+-- its snapshot predates any lock it takes; hence stages of their own.)
+-- Tenants left with nothing to take are left out.
+CREATE OR REPLACE FUNCTION runlease_claim_recount(
+    p_pool text, p_place_tenants text[], p_limited boolean, p_default_limit integer,
+    OUT tenants text[], OUT takes integer[]
+)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+BEGIN
+    IF p_limited THEN
         PERFORM pg_advisory_xact_lock(1381322316, k.key)
            FROM (SELECT DISTINCT hashtext(p_pool || '/' || c.tenant_id) AS key
-                   FROM unnest(v_slot_tenants) AS c (tenant_id)
+                   FROM unnest(p_place_tenants) AS c (tenant_id)
                    LEFT JOIN agent_run_tenant_limits t
                      ON t.pool = p_pool AND t.tenant_id = c.tenant_id
-                  WHERE coalesce(t.max_in_flight, v_default_limit) IS NOT NULL
+                  WHERE coalesce(t.max_in_flight, p_default_limit) IS NOT NULL
                   ORDER BY 1) k;
     END IF;
-
-    -- A new statement, so a new snapshot: it sees every claim committed by
-    -- whoever held a tenant's lock before us. How many places each tenant
-    -- can use: all of them, or what its limit leaves.
-    SELECT array_agg(k.tenant_id), array_agg(k.take)
-      INTO v_tenants, v_takes
+    -- A new statement, so a new snapshot.
+    SELECT coalesce(array_agg(k.tenant_id), '{}'), coalesce(array_agg(k.take), '{}')
+      INTO tenants, takes
       FROM (SELECT d.tenant_id,
-                   CASE WHEN v_limited
-                             AND coalesce(t.max_in_flight, v_default_limit) IS NOT NULL
-                        THEN least(d.places, coalesce(t.max_in_flight, v_default_limit)
+                   CASE WHEN p_limited
+                             AND coalesce(t.max_in_flight, p_default_limit) IS NOT NULL
+                        THEN least(d.places, coalesce(t.max_in_flight, p_default_limit)
                                    - (SELECT count(*) FROM agent_runs r
                                        WHERE r.pool = p_pool AND r.tenant_id = d.tenant_id
                                          AND r.status = 'leased'))
                         ELSE d.places END::integer AS take
               FROM (SELECT c.tenant_id, count(*) AS places
-                      FROM unnest(v_slot_tenants) AS c (tenant_id)
+                      FROM unnest(p_place_tenants) AS c (tenant_id)
                      GROUP BY c.tenant_id) d
               LEFT JOIN agent_run_tenant_limits t
                 ON t.pool = p_pool AND t.tenant_id = d.tenant_id) k
      WHERE k.take > 0;
-    IF v_tenants IS NULL THEN
-        RETURN;
-    END IF;
+END;
+$$;
 
-    -- Each tenant's own order fills its places: its place holders and its
-    -- `take` highest-priority available runs compete by effective priority.
+
+-- Stage fill: each tenant's own order fills its places. Its place holders
+-- and its `take` highest-priority available runs (locked, SKIP LOCKED)
+-- compete by effective priority; the best `take` are its picks, numbered k
+-- in its own order (the k-th pick fills the tenant's k-th place).
+CREATE OR REPLACE FUNCTION runlease_claim_fill(
+    p_pool text, p_tenants text[], p_takes integer[], p_place_ids uuid[],
+    p_aging_s integer, p_now timestamptz,
+    OUT pick_ids uuid[], OUT pick_tenants text[], OUT pick_fair bigint[], OUT pick_k bigint[]
+)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+BEGIN
     WITH takes AS (
-        SELECT * FROM unnest(v_tenants, v_takes) AS k (tenant_id, take)
+        SELECT * FROM unnest(p_tenants, p_takes) AS k (tenant_id, take)
     ), own AS (
         SELECT r.id, r.tenant_id, r.priority, r.fair_seq, r.available_at
           FROM agent_runs r
-         WHERE r.id = ANY (v_slot_ids)
+         WHERE r.id = ANY (p_place_ids)
         UNION
         SELECT c.id, c.tenant_id, c.priority, c.fair_seq, c.available_at
           FROM takes k
@@ -451,7 +518,7 @@ BEGIN
                  WHERE r.pool = p_pool
                    AND r.tenant_id = k.tenant_id
                    AND r.status = 'pending' AND NOT r.delayed
-                   AND r.available_at <= v_now
+                   AND r.available_at <= p_now
                    AND r.cancel_requested_at IS NULL
                  ORDER BY r.priority DESC, r.fair_seq, r.id
                  LIMIT k.take
@@ -461,26 +528,51 @@ BEGIN
         SELECT o.id, o.tenant_id, o.fair_seq,
                row_number() OVER (
                    PARTITION BY o.tenant_id
-                   ORDER BY o.priority + CASE WHEN v_aging_s > 0
-                                              THEN extract(epoch FROM v_now - o.available_at)
-                                                   / v_aging_s
+                   ORDER BY o.priority + CASE WHEN p_aging_s > 0
+                                              THEN extract(epoch FROM p_now - o.available_at)
+                                                   / p_aging_s
                                               ELSE 0 END DESC,
                             o.priority DESC, o.fair_seq, o.id) AS k
           FROM own o
     )
     SELECT array_agg(r.id), array_agg(r.tenant_id), array_agg(r.fair_seq), array_agg(r.k)
-      INTO v_pick_ids, v_pick_tenants, v_pick_fair, v_pick_k
+      INTO pick_ids, pick_tenants, pick_fair, pick_k
       FROM ranked r
       JOIN takes USING (tenant_id)
      WHERE r.k <= takes.take;
+END;
+$$;
 
+
+-- Stage lease: the picks become leased by p_worker, in the order of the
+-- places they fill (nth). A place holder passed over takes the fair_seq of
+-- the pick that used its place. Appends each run's holder (agent_runs.holders,
+-- the console's attempts history, the last 16 claims) and the counts' delta
+-- of the claim (the count trigger passes claims over: each leased run left
+-- 'pending'; it was ready, not delayed, locked with that condition, so still so).
+CREATE OR REPLACE FUNCTION runlease_claim_lease(
+    p_pool text, p_worker text, p_place_ids uuid[], p_place_tenants text[],
+    p_pick_ids uuid[], p_pick_tenants text[], p_pick_fair bigint[], p_pick_k bigint[],
+    p_now timestamptz
+) RETURNS TABLE (
+    id uuid, pool text, tenant_id text, priority integer, attempts integer,
+    max_attempts integer, lease_epoch bigint, cancel_requested_at timestamptz,
+    input_json jsonb, budget_json jsonb, created_at timestamptz, available_at timestamptz,
+    updated_at timestamptz, nth bigint
+)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+#variable_conflict use_column
+BEGIN
     RETURN QUERY
     WITH places AS (
         SELECT s.id, s.tenant_id, s.ord,
                row_number() OVER (PARTITION BY s.tenant_id ORDER BY s.ord) AS k
-          FROM unnest(v_slot_ids, v_slot_tenants) WITH ORDINALITY AS s (id, tenant_id, ord)
+          FROM unnest(p_place_ids, p_place_tenants) WITH ORDINALITY AS s (id, tenant_id, ord)
     ), picks AS (
-        SELECT * FROM unnest(v_pick_ids, v_pick_tenants, v_pick_fair, v_pick_k)
+        SELECT * FROM unnest(p_pick_ids, p_pick_tenants, p_pick_fair, p_pick_k)
                       AS p (id, tenant_id, fair_seq, k)
     ), used AS (
         -- The places spent: a tenant's first `take`, the k-th filled by its k-th pick.
@@ -507,36 +599,95 @@ BEGIN
           JOIN used u ON u.tenant_id = p.tenant_id AND u.k = p.k
     ), claimed AS (
         UPDATE agent_runs r
-           SET status = 'leased', locked_by = p_worker, locked_until = v_now
-               + make_interval(secs => coalesce(p_lease_s, v_lease_s)),
-               attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = v_now,
-               -- Who holds this lease (agent_runs.holders, migration 0013): the
-               -- console's attempts history; the last 16 claims.
+           SET status = 'leased', locked_by = p_worker,
+               attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = p_now,
                holders = (CASE WHEN jsonb_array_length(r.holders) >= 16 THEN r.holders - 0
                                ELSE r.holders END)
                          || jsonb_build_object('worker', p_worker, 'attempt', r.attempts + 1,
-                                               'at', v_now, 'seq', r.event_seq)
+                                               'at', p_now, 'seq', r.event_seq)
           FROM chosen
          WHERE r.id = chosen.id
         RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
-                  r.lease_epoch, r.locked_until, r.cancel_requested_at, r.input_json,
-                  r.budget_json, r.created_at, r.available_at, r.updated_at, chosen.nth
+                  r.lease_epoch, r.cancel_requested_at, r.input_json, r.budget_json,
+                  r.created_at, r.available_at, r.updated_at, chosen.nth
     ), counted AS (
-        -- The counts' delta of this claim (the count trigger passes claims
-        -- over): each leased run left 'pending' (it was ready, not delayed:
-        -- locked above with that condition, so still so).
         INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
         SELECT c.pool, c.tenant_id, 'pending', '', -count(*)
           FROM claimed c
          GROUP BY c.pool, c.tenant_id
     )
-    -- Only what a worker needs; nth is the claim order (the caller sorts).
     SELECT c.id, c.pool, c.tenant_id, c.priority, c.attempts, c.max_attempts,
-           c.lease_epoch, c.locked_until, c.cancel_requested_at, c.input_json,
-           c.budget_json, c.created_at, c.available_at, c.updated_at, c.nth
+           c.lease_epoch, c.cancel_requested_at, c.input_json, c.budget_json,
+           c.created_at, c.available_at, c.updated_at, c.nth
       FROM claimed c;
 END;
 $$;
+
+
+-- The orchestrator. The worker incarnation p_worker must be live (its row
+-- in agent_run_workers not ended and unexpired by the clock): a run's lease
+-- is live while its holder's incarnation is, so a claim by an incarnation
+-- that cannot renew would lease runs nobody runs. Raises SQLSTATE RLW01
+-- (the store's IncarnationEnded) otherwise; the worker registers again.
+-- Returns the leased runs, each with lease_until, the incarnation's expiry
+-- now (the lease's, until its next renewal).
+CREATE OR REPLACE FUNCTION runlease_claim(
+    p_pool text, p_worker text, p_n integer, p_now timestamptz
+) RETURNS TABLE (
+    id uuid, pool text, tenant_id text, priority integer, attempts integer,
+    max_attempts integer, lease_epoch bigint, lease_until timestamptz,
+    cancel_requested_at timestamptz, input_json jsonb, budget_json jsonb,
+    created_at timestamptz, available_at timestamptz, updated_at timestamptz, nth bigint
+)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := coalesce(p_now, now());
+    v_until  timestamptz;
+    v_terms  record;
+    v_places record;
+    v_counts record;
+    v_picks  record;
+BEGIN
+    SELECT w.expires_at INTO v_until
+      FROM agent_run_workers w
+     WHERE w.id = p_worker AND w.ended_at IS NULL AND w.expires_at > v_now;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'worker incarnation % is not live: register it again', p_worker
+              USING ERRCODE = 'RLW01';
+    END IF;
+    IF p_n < 1 THEN
+        RETURN;
+    END IF;
+    v_terms := runlease_claim_admit(p_pool, v_now);
+    IF NOT v_terms.is_open THEN
+        RETURN;
+    END IF;
+    PERFORM runlease_claim_promote(p_pool, v_now);
+    v_places := runlease_claim_places(
+        p_pool, p_n, runlease_claim_tenants(p_pool, v_terms.skip, v_terms.only_tenants), v_now);
+    IF cardinality(v_places.ids) = 0 THEN
+        RETURN;
+    END IF;
+    v_counts := runlease_claim_recount(p_pool, v_places.tenants, v_terms.limited,
+                                       v_terms.default_limit);
+    IF cardinality(v_counts.tenants) = 0 THEN
+        RETURN;
+    END IF;
+    v_picks := runlease_claim_fill(p_pool, v_counts.tenants, v_counts.takes, v_places.ids,
+                                   v_terms.aging_s, v_now);
+    RETURN QUERY
+    SELECT l.id, l.pool, l.tenant_id, l.priority, l.attempts, l.max_attempts, l.lease_epoch,
+           v_until, l.cancel_requested_at, l.input_json, l.budget_json, l.created_at,
+           l.available_at, l.updated_at, l.nth
+      FROM runlease_claim_lease(p_pool, p_worker, v_places.ids, v_places.tenants,
+                                v_picks.pick_ids, v_picks.pick_tenants, v_picks.pick_fair, v_picks.pick_k,
+                                v_now) l;
+END;
+$$;
+
 
 -- A finished lease frees a slot of its tenant: in a pool with tenant limits,
 -- NOTIFY the pool so a claimer waiting on a capped tenant claims its next run

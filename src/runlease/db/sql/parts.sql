@@ -23,15 +23,28 @@ events_notify AS (
 -- part: lease_held
 -- A worker's write to one run (%(id)s) lands only while the run's lease is
 -- still the caller's: the fencing triple (locked_by, lease_epoch, 'leased')
--- and locked_until ahead by the database clock, so a write that arrives late
--- never lands on an expired lease (runs.sql's head says why the IS TRUE).
--- It goes in each fenced statement's own WHERE: an UPDATE re-checks it on
--- the newest row version, a locking read (FOR SHARE) likewise.
+-- and the holder's incarnation live by the database clock ({{holder_live}}),
+-- so a write that arrives late never lands on an expired lease, reaped yet
+-- or not. It goes in each fenced statement's own WHERE: an UPDATE re-checks
+-- the run's part on the newest row version, a locking read (FOR SHARE)
+-- likewise (runs.sql's head says why the IS TRUE).
 r.id = %(id)s
        AND r.lease_epoch = %(epoch)s
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+       AND {{holder_live}}
+
+
+-- part: holder_live
+-- The incarnation %(worker)s is live: its row not ended and unexpired by the
+-- database clock (a run's lease lives while its holder's incarnation does).
+-- Uncorrelated, so evaluated once per statement, by primary key. The row is
+-- not locked: a reap that ends the incarnation and requeues the run commits
+-- before the write (its run row no longer matches the fence) or after it
+-- (the run is no longer leased when the reap re-checks it).
+EXISTS (SELECT 1 FROM agent_run_workers w
+                WHERE w.id = %(worker)s AND w.ended_at IS NULL
+                  AND w.expires_at > coalesce(%(now)s::timestamptz, now()))
 
 
 -- part: pool_leased

@@ -3,9 +3,10 @@
 -- Every statement takes %(now)s: NULL in production, so the server's now() is
 -- the clock; tests pass an instant to move time without sleeping.
 -- Worker writes carry the fencing triple (locked_by, lease_epoch, 'leased'),
--- and need the lease unexpired by the database clock: a write that arrives
--- late (a statement stuck on a cut network, a worker whose loop stalled)
--- never lands on an expired lease, reaped yet or not.
+-- and need the holder's incarnation live by the database clock (a run's
+-- lease lives while its holder's row in agent_run_workers does): a write
+-- that arrives late (a statement stuck on a cut network, a worker whose loop
+-- stalled) never lands on an expired lease, reaped yet or not.
 -- A single run's fence is written once, the part {{lease_held}} (parts.sql).
 -- The status test is written `(r.status = 'leased') IS TRUE` (the same for a
 -- NOT NULL column): the planner cannot prove from it the predicate of
@@ -64,12 +65,15 @@ input AS (
                    AND r.tenant_id = l.tenant_id
                  ORDER BY r.fair_seq DESC LIMIT 1),
                coalesce(
-                   (SELECT r.fair_seq FROM agent_runs r, clock
-                     WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
-                       AND r.available_at <= clock.ts
-                     ORDER BY r.fair_seq LIMIT 1),
+                   -- The pool's head. fair_seq >= 0 (always true) names
+                   -- agent_runs_claim_idx, the pool's fair order (migration
+                   -- 0015 says why). A pending run not delayed is due (the
+                   -- promotion clears delayed only when due), so no time is
+                   -- tested here: one with it let stale statistics pick the
+                   -- index of due runs and sort the whole burst.
                    (SELECT r.fair_seq FROM agent_runs r
                      WHERE r.pool = l.pool AND r.status = 'pending' AND NOT r.delayed
+                       AND r.fair_seq >= 0
                      ORDER BY r.fair_seq LIMIT 1),
                    0)) AS base,
            pool.name AS pool_name, pool.max_attempts AS pool_attempts,
@@ -128,73 +132,16 @@ SELECT * FROM agent_runs
 
 
 -- name: run_claim
--- The logic lives in runlease_claim() (functions.sql): the tenant-limit path
--- needs a fresh snapshot after taking its locks, which one statement cannot
--- have. Only what a worker needs comes back, JSON as text: parsing each
--- claimed row is the worker's hot path (see RunStore.claim).
-SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, locked_until,
-       cancel_requested_at, input_json::text, budget_json::text, created_at, available_at,
-       updated_at
-  FROM runlease_claim(%(pool)s, %(worker)s, %(n)s, %(lease_s)s::integer,
-                      %(now)s::timestamptz)
+-- The logic lives in runlease_claim() and its stages (functions.sql): the
+-- tenant-cap path needs a fresh snapshot after taking its locks, which one
+-- statement cannot have. Only what a worker needs comes back, by name, JSON
+-- as text: parsing each claimed row is the worker's hot path (see
+-- LeaseStore.claim). lease_until: the incarnation's expiry when it claimed.
+SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, lease_until,
+       cancel_requested_at, input_json::text AS input_json, budget_json::text AS budget_json,
+       created_at, available_at, updated_at
+  FROM runlease_claim(%(pool)s, %(worker)s, %(n)s, %(now)s::timestamptz)
  ORDER BY nth;
-
-
--- name: run_heartbeat
--- Renew every lease one worker holds, in one statement. Only locked_until
--- changes, and no index covers it, so the update is HOT.
--- One relation, found by primary key (id = ANY); each row's epoch is looked
--- up in an object built once from the pairs. Not a join with the unnest of
--- the pairs: in a generic plan (the lease keeper's prepared statement) that
--- became a nested loop rescanning every pair for every row, quadratic in
--- the leases held (1,000 leases: 0.4 s). The pool's lease is looked up only
--- when the caller gives none.
--- One row comes back, not one per lease (parsing a row per lease cost the
--- worker as much as the update): how many were renewed, until when (the
--- earliest, if they differ), the runs whose cancel was requested, and, only
--- when some were not renewed, the ids of those (their leases are lost).
--- Given the worker's pool, its registry row is renewed in the same statement
--- (inserted again if the reaper deleted it while the worker was away), with
--- the stale writes the worker saw since its last beat added to its count.
--- The ids and epochs travel in binary: as text, formatting them cost the
--- client and parsing them the server about a microsecond each per lease.
-WITH upd AS (
-    UPDATE agent_runs r
-       SET locked_until = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => coalesce(
-               %(lease_s)s::integer,
-               (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = r.pool)))
-     WHERE r.id = ANY (%(ids)b::uuid[])
-       AND r.lease_epoch = ((SELECT jsonb_object(%(ids)b::uuid[]::text[],
-                                                 %(epochs)b::bigint[]::text[]))
-                            ->> r.id::text)::bigint
-       AND r.locked_by = %(worker)s
-       AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
-    RETURNING r.id, r.locked_until, r.cancel_requested_at IS NOT NULL AS cancel_requested
-), registry AS (
-    INSERT INTO agent_run_workers AS w
-           (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at,
-            stale_writes)
-    SELECT %(worker)s, %(pool)s::text, %(version)s::text, %(concurrency)s::integer,
-           (SELECT count(*) FROM upd), clock.ts, clock.ts,
-           clock.ts + make_interval(secs => coalesce(
-               %(lease_s)s::integer,
-               (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = %(pool)s::text),
-               45)),
-           %(stale_writes)s::bigint
-      FROM (SELECT coalesce(%(now)s::timestamptz, now()) AS ts) clock
-     WHERE %(pool)s::text IS NOT NULL
-        ON CONFLICT (id) DO UPDATE
-       SET runs_held = excluded.runs_held, heartbeat_at = excluded.heartbeat_at,
-           expires_at = excluded.expires_at,
-           stale_writes = w.stale_writes + excluded.stale_writes
-)
-SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
-       array_agg(upd.id) FILTER (WHERE upd.cancel_requested) AS cancel_requested,
-       CASE WHEN count(*) < cardinality(%(ids)b::uuid[]) THEN
-           (SELECT array_agg(h.id) FROM unnest(%(ids)b::uuid[]) AS h (id)
-             WHERE h.id NOT IN (SELECT upd.id FROM upd)) END AS lost
-  FROM upd;
 
 
 -- name: run_ack
@@ -205,7 +152,7 @@ SELECT count(*) AS renewed, min(upd.locked_until) AS locked_until,
 -- tenant limits.
 WITH upd AS (
     UPDATE agent_runs r
-       SET status = 'done', locked_by = NULL, locked_until = NULL,
+       SET status = 'done', locked_by = NULL,
            error_code = NULL, error_message = NULL,  -- an earlier attempt's; events keep it
            result_json = CASE WHEN %(results)s::jsonb[] IS NOT NULL
                               THEN (%(results)s::jsonb[])[array_position(%(ids)s::uuid[], r.id)]
@@ -216,7 +163,7 @@ WITH upd AS (
        AND r.lease_epoch = (%(epochs)s::bigint[])[array_position(%(ids)s::uuid[], r.id)]
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > coalesce(%(now)s::timestamptz, now())
+       AND {{holder_live}}
     RETURNING r.id, r.pool, r.event_seq
 ), notify AS (
     SELECT runlease_notify_freed(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
@@ -262,7 +209,7 @@ WITH {{clock}}, upd AS (
                                    AND NOT coalesce(%(error_code)s::text
                                                     = ANY (r.non_retryable_codes), false)
                               THEN NULL ELSE clock.ts END,
-           locked_by = NULL, locked_until = NULL,
+           locked_by = NULL,
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
@@ -289,7 +236,7 @@ SELECT id, status, attempts, available_at FROM upd CROSS JOIN notify CROSS JOIN 
 -- A fatal failure: dead at once, whatever attempts remain.
 WITH {{clock}}, upd AS (
     UPDATE agent_runs r
-       SET status = 'dead', finished_at = clock.ts, locked_by = NULL, locked_until = NULL,
+       SET status = 'dead', finished_at = clock.ts, locked_by = NULL,
            error_code = %(error_code)s, error_message = %(error_message)s,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
@@ -317,7 +264,7 @@ WITH {{clock}}, upd AS (
            attempts = CASE WHEN r.cancel_requested_at IS NULL THEN r.attempts - 1
                            ELSE r.attempts END,
            finished_at = CASE WHEN r.cancel_requested_at IS NOT NULL THEN clock.ts END,
-           available_at = clock.ts, locked_by = NULL, locked_until = NULL,
+           available_at = clock.ts, locked_by = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock, unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch)
      WHERE r.id = ANY (%(ids)s::uuid[])
@@ -325,7 +272,7 @@ WITH {{clock}}, upd AS (
        AND r.lease_epoch = h.epoch
        AND r.locked_by = %(worker)s
        AND (r.status = 'leased') IS TRUE
-       AND r.locked_until > clock.ts
+       AND {{holder_live}}
     RETURNING r.id, r.pool, r.status, r.attempts, r.event_seq
 ), ev AS (
     INSERT INTO agent_run_events (run_id, seq, kind, data, created_at)
@@ -357,7 +304,7 @@ SELECT upd.id, upd.status FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 -- The worker stopped the run after seeing the request.
 WITH {{clock}}, upd AS (
     UPDATE agent_runs r
-       SET status = 'cancelled', finished_at = clock.ts, locked_by = NULL, locked_until = NULL,
+       SET status = 'cancelled', finished_at = clock.ts, locked_by = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
      WHERE {{lease_held}}
@@ -377,49 +324,68 @@ SELECT upd.id, extract(epoch FROM clock.ts - upd.cancel_requested_at)::float8 AS
 
 
 -- name: run_reap
--- Expired leases, in a bounded batch: back to pending, or dead with
--- 'lease_expired' when no attempt is left, or cancelled when a cancel was
--- requested. SKIP LOCKED passes over a row a heartbeat is renewing right now;
--- a renewal that commits first is seen by the re-check of the locking read.
--- Flat in live leases: not a scan of every lease for an expired one, but
--- the holders of leases (one descent of agent_runs_holder_idx each) whose
--- registry row expired or is missing, and only their leases; plus the ids
--- given, candidates the reaper's slow sweep (run_lease_sweep) found among
--- live workers' leases. Every candidate is re-checked by primary key.
-WITH RECURSIVE {{clock}}, holders AS (
+-- Incarnations that stopped renewing and the leases they held, in one
+-- bounded batch: expired incarnations end (they can never renew again), and
+-- the runs of every holder that cannot renew (ended, now or before, or
+-- without a row at all) go back to pending, or dead with 'lease_expired'
+-- when no attempt is left, or cancelled when a cancel was requested.
+-- One statement, so an incarnation ended here has its runs requeued in the
+-- same transaction (those past the batch: by the next statements, which
+-- find its row ended). The ending UPDATE re-checks its WHERE on the newest
+-- row version: a renewal that committed first keeps the incarnation live,
+-- and its runs are not touched (an expired row of this snapshot counts only
+-- once this statement has ended it). Each run is re-checked and locked by
+-- primary key (SKIP LOCKED passes over one being acked right now), its
+-- holder tested again on the newest version: a run requeued and claimed by
+-- someone else meanwhile is not theirs to reap.
+-- Flat in live leases: the holders come from a loose index scan of
+-- agent_runs_holder_idx (one descent each), and only the runs of holders
+-- that cannot renew are read.
+WITH RECURSIVE {{clock}}, ended AS (
+    UPDATE agent_run_workers w
+       SET ended_at = clock.ts
+      FROM clock
+     WHERE w.id = ANY (ARRAY(SELECT x.id FROM agent_run_workers x, clock
+                              WHERE x.ended_at IS NULL AND x.expires_at < clock.ts
+                              LIMIT %(batch)s))
+       AND w.ended_at IS NULL AND w.expires_at < clock.ts
+    RETURNING w.id
+), holders AS (
+    -- locked_by is set exactly while leased, and lease_epoch > 0 then (the
+    -- CHECKs); that predicate and no status, so only agent_runs_holder_idx
+    -- serves these (migration 0015 says why).
     (SELECT r.locked_by FROM agent_runs r
-      WHERE r.status = 'leased'
+      WHERE r.locked_by IS NOT NULL AND r.lease_epoch > 0
       ORDER BY r.locked_by LIMIT 1)
     UNION ALL
     SELECT (SELECT r.locked_by FROM agent_runs r
-             WHERE r.status = 'leased' AND r.locked_by > h.locked_by
+             WHERE r.locked_by > h.locked_by AND r.lease_epoch > 0
              ORDER BY r.locked_by LIMIT 1)
       FROM holders h
      WHERE h.locked_by IS NOT NULL
-), suspects AS (
-    SELECT h.locked_by
-      FROM holders h, clock
+), gone AS (
+    SELECT h.locked_by AS id
+      FROM holders h
      WHERE h.locked_by IS NOT NULL
        AND NOT EXISTS (SELECT 1 FROM agent_run_workers w
-                        WHERE w.id = h.locked_by AND w.expires_at >= clock.ts)
+                        WHERE w.id = h.locked_by AND w.ended_at IS NULL)
+    UNION
+    SELECT ended.id FROM ended
 ), candidates AS (
     SELECT c.id
-      FROM suspects s, clock
+      FROM gone g
      CROSS JOIN LATERAL (
             SELECT r.id FROM agent_runs r
-             WHERE r.locked_by = s.locked_by AND r.status = 'leased'
-               AND r.locked_until < clock.ts
+             WHERE r.locked_by = g.id AND r.lease_epoch > 0
              ORDER BY r.locked_by, r.id
              LIMIT %(batch)s
            ) c
-    UNION
-    SELECT x.id FROM unnest(%(ids)s::uuid[]) AS x (id)
 ), expired AS (
     SELECT r.id
-      FROM agent_runs r, clock
+      FROM agent_runs r
      WHERE r.id = ANY (ARRAY(SELECT candidates.id FROM candidates))
-       AND (r.status = 'leased') IS TRUE AND r.locked_until < clock.ts
-     ORDER BY r.locked_until
+       AND (r.status = 'leased') IS TRUE
+       AND r.locked_by = ANY (ARRAY(SELECT gone.id FROM gone))
      LIMIT %(batch)s
        FOR UPDATE OF r SKIP LOCKED
 ), upd AS (
@@ -435,7 +401,7 @@ WITH RECURSIVE {{clock}}, holders AS (
            error_message = CASE WHEN r.cancel_requested_at IS NULL
                                 THEN 'the lease expired: its worker stopped renewing it'
                                 ELSE r.error_message END,
-           available_at = clock.ts, locked_by = NULL, locked_until = NULL,
+           available_at = clock.ts, locked_by = NULL,
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
      WHERE r.id = ANY (ARRAY(SELECT expired.id FROM expired))
@@ -457,22 +423,10 @@ WITH RECURSIVE {{clock}}, holders AS (
 ), notify AS (
     SELECT runlease_notify_pending(%(channel_prefix)s, array(SELECT upd.pool FROM upd)) AS n
 ), {{events_notify}}
-SELECT upd.id, upd.pool, upd.tenant_id, upd.status
-  FROM upd CROSS JOIN notify CROSS JOIN events_notify;
-
-
--- name: run_lease_sweep
--- The reaper's slow sweep: a window of leases after a cursor in
--- agent_runs_holder_idx order (a bounded read, whatever the leases), and
--- which of them expired: a lease its worker stopped renewing while the
--- worker itself lives (its registry row fresh), which run_reap's look at
--- expired workers would not find. The reaper passes their ids to run_reap.
-SELECT r.locked_by, r.id, r.locked_until < coalesce(%(now)s::timestamptz, now()) AS expired
-  FROM agent_runs r
- WHERE r.status = 'leased'
-   AND (r.locked_by, r.id) > (%(after_by)s::text, %(after_id)s::uuid)
- ORDER BY r.locked_by, r.id
- LIMIT %(rows)s;
+SELECT upd.id, upd.pool, upd.tenant_id, upd.status, NULL::text AS ended
+  FROM upd CROSS JOIN notify CROSS JOIN events_notify
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, ended.id FROM ended;
 
 
 -- name: run_redrive
@@ -497,9 +451,12 @@ SELECT upd.* FROM upd CROSS JOIN notify CROSS JOIN events_notify;
 
 
 -- name: run_get
-SELECT * FROM agent_runs
- WHERE id = %(id)s
-   AND (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s::text);
+-- With its lease's expiry: the holder incarnation's.
+SELECT r.*, (SELECT w.expires_at FROM agent_run_workers w
+              WHERE w.id = r.locked_by) AS locked_until
+  FROM agent_runs r
+ WHERE r.id = %(id)s
+   AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text);
 
 
 -- name: run_list

@@ -30,6 +30,8 @@ WITH {{clock}}, counted AS (
 ), {{pool_leased}}, oldest AS (
     SELECT least((SELECT r.available_at FROM agent_runs r
                    WHERE r.pool = %(pool)s AND r.status = 'pending' AND NOT r.delayed
+                     -- Names agent_runs_ready_idx (migration 0015 says why).
+                     AND r.available_at > '-infinity'
                    ORDER BY r.available_at LIMIT 1),
                  (SELECT min(due.oldest) FROM due)) AS at
 )

@@ -1,58 +1,72 @@
--- The workers registry (agent_run_workers): who is running, for the console
--- and for the reaper, which looks for expired leases only among the runs of
--- workers whose row expired. A running worker's row is renewed by its lease
--- keeper inside run_heartbeat (or worker_beat when it holds nothing).
+-- The workers registry (agent_run_workers): one row per worker incarnation,
+-- which is also the lease of every run it holds (locked_by = its id): a run's
+-- lease lives while its holder's row is live, not ended and unexpired by the
+-- database clock. The heartbeat renews that one row (worker_heartbeat),
+-- whatever the runs held; the reaper ends rows that expired and requeues
+-- their runs (run_reap); an ended row never renews again, and its worker
+-- registers under a new id.
 
 
 -- name: worker_register
--- At start (and again if the row was deleted while the worker was away).
+-- A new incarnation (a worker at start, or again after its last one ended).
+-- Ids are never reused: an id taken already returns no row.
 WITH {{clock}}
 INSERT INTO agent_run_workers AS w
        (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at)
 SELECT %(worker)s, %(pool)s, %(version)s, %(concurrency)s, 0, clock.ts, clock.ts,
        clock.ts + make_interval(secs => %(lease_s)s)
   FROM clock
-    ON CONFLICT (id) DO UPDATE
-   SET pool = excluded.pool, version = excluded.version,
-       concurrency = excluded.concurrency, runs_held = 0,
-       started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
-       expires_at = excluded.expires_at
-RETURNING w.*, w.expires_at > (SELECT ts FROM clock) AS alive;
+    ON CONFLICT (id) DO NOTHING
+RETURNING w.*, true AS alive;
 
 
--- name: worker_beat
--- A heartbeat of a worker that holds no run (run_heartbeat renews the row
--- of one that does). Inserts the row if it is gone.
-WITH {{clock}}
-INSERT INTO agent_run_workers AS w
-       (id, pool, version, concurrency, runs_held, started_at, heartbeat_at, expires_at,
-        stale_writes)
-SELECT %(worker)s, %(pool)s, %(version)s, %(concurrency)s, 0, clock.ts, clock.ts,
-       clock.ts + make_interval(secs => coalesce(
-           %(lease_s)s::integer,
-           (SELECT p.lease_s FROM agent_run_pools p WHERE p.name = %(pool)s::text), 45)),
-       %(stale_writes)s::bigint
-  FROM clock
-    ON CONFLICT (id) DO UPDATE
-   SET runs_held = 0, heartbeat_at = excluded.heartbeat_at,
-       expires_at = excluded.expires_at,
-       stale_writes = w.stale_writes + excluded.stale_writes;
+-- name: worker_heartbeat
+-- Renew one incarnation, and with it the lease of every run it holds: one
+-- row, however many runs. Only a live row renews (not ended, unexpired by
+-- the database clock): no row back means the incarnation is over, and its
+-- worker must stop every run it holds and register again. Also adds the
+-- stale writes the worker saw since its last beat, and tells it of the
+-- cancels of its runs (a NOTIFY is not durable; agent_runs_cancel_held_idx:
+-- a few rows, whatever the runs held). Only heartbeat_at, expires_at,
+-- runs_held and stale_writes change, none indexed: a HOT update.
+WITH {{clock}}, upd AS (
+    UPDATE agent_run_workers w
+       SET heartbeat_at = clock.ts,
+           expires_at = clock.ts + make_interval(secs => %(lease_s)s),
+           runs_held = %(runs_held)s,
+           stale_writes = w.stale_writes + %(stale_writes)s::bigint
+      FROM clock
+     WHERE w.id = %(worker)s AND w.ended_at IS NULL AND w.expires_at > clock.ts
+    RETURNING w.expires_at
+)
+SELECT upd.expires_at,
+       -- No status here: only agent_runs_cancel_held_idx can serve it (see
+       -- migration 0015); locked_by is set exactly while leased.
+       ARRAY(SELECT r.id FROM agent_runs r
+              WHERE r.locked_by = %(worker)s
+                AND r.cancel_requested_at IS NOT NULL) AS cancel_requested
+  FROM upd;
 
 
 -- name: worker_deregister
--- A clean shutdown: the worker's runs are already released.
-DELETE FROM agent_run_workers WHERE id = %(worker)s;
+-- A clean shutdown: the incarnation ends. Runs it still holds (none, after a
+-- drain that finished) are requeued by the reaper's next pass.
+WITH {{clock}}
+UPDATE agent_run_workers w
+   SET ended_at = clock.ts
+  FROM clock
+ WHERE w.id = %(worker)s AND w.ended_at IS NULL;
 
 
 -- name: worker_delete_stale
--- The reaper's leader: rows whose worker has not renewed them for a while.
--- Runs such a worker may still hold are reaped all the same (a holder
--- without a row is looked at like one whose row expired). Their stale
+-- The reaper's leader: rows of incarnations over for a while (ended, or
+-- expired and never renewed since). Runs such a holder may still hold are
+-- reaped all the same (a holder without a row cannot renew). Their stale
 -- writes not folded yet are folded now (pool_health_fold_stale).
 WITH gone AS (
     DELETE FROM agent_run_workers
-     WHERE expires_at < coalesce(%(now)s::timestamptz, now())
-                        - make_interval(secs => %(after_s)s)
+     WHERE least(ended_at, expires_at) < coalesce(%(now)s::timestamptz, now())
+                                          - make_interval(secs => %(after_s)s)
     RETURNING id, pool, stale_writes
 ), health AS (
     INSERT INTO agent_run_pool_health AS h (pool, minute, stale_writes)
@@ -113,7 +127,7 @@ SELECT h.pool, sum(h.lease_expiries)::bigint AS lease_expiries,
 
 
 -- name: worker_list
-SELECT w.*, w.expires_at > coalesce(%(now)s::timestamptz, now()) AS alive
+SELECT w.*, w.ended_at IS NULL AND w.expires_at > coalesce(%(now)s::timestamptz, now()) AS alive
   FROM agent_run_workers w
  WHERE (%(pool)s::text IS NULL OR w.pool = %(pool)s::text)
  ORDER BY w.pool, w.started_at, w.id
