@@ -37,7 +37,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import fresh_database, print_table, server, server_cpu_s
-from claim import load_store
+from claim import STATS_STATES, load_store
 from throughput import FIRST_DONE_SQL, UNFINISHED_SQL, WorkerProc, scalar, terminate_as_interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +101,8 @@ def main() -> None:
                     choices=("flamegraph", "speedscope", "raw"))
     ap.add_argument("--rate", type=int, default=250, help="samples per second")
     ap.add_argument("--no-spy", action="store_true", help="no py-spy (with --db-stats)")
+    ap.add_argument("--stats", default="analyzed", choices=STATS_STATES,
+                    help="what the planner knows when the runs land (bench/burst.py)")
     ap.add_argument("--db-stats", action="store_true",
                     help="print the drain's statements from pg_stat_statements")
     ap.add_argument("--top", type=int, default=25, help="statements shown by --db-stats")
@@ -110,7 +112,7 @@ def main() -> None:
     serve = stats_server if args.db_stats else server
     with terminate_as_interrupt(), serve(args.database_url) as base:
         url = fresh_database(base, "runlease_bench_profile")
-        load_store(url, args.jobs, pool="default")
+        load_store(url, args.jobs, pool="default", stats=args.stats)
         if args.db_stats:
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -134,8 +136,9 @@ def main() -> None:
             cpu_at_first: float | None = None
             db_at_first: float | None = None
             with psycopg.connect(url, autocommit=True) as poll:
+                started_at = scalar(poll, "SELECT now() - interval '1 minute'")
                 while scalar(poll, UNFINISHED_SQL):
-                    if cpu_at_first is None and scalar(poll, FIRST_DONE_SQL):
+                    if cpu_at_first is None and scalar(poll, FIRST_DONE_SQL, (started_at,)):
                         cpu_at_first = sum(w.cpu_s() for w in workers)
                         db_at_first = server_cpu_s(url)
                     for w in workers:
