@@ -495,62 +495,104 @@ async def test_no_worker_can_take_over_a_carried_incarnation(
         await store.claim("default", "old-c" + LAPSED, 1)
 
 
-def test_an_old_write_during_the_migration_waits_and_then_fails(empty_db_url: str) -> None:
-    # A worker of the old code acks while the migration runs: the migration
-    # locks agent_runs from its first statement, so the ack waits, and then
-    # meets the new schema and fails; it never lands between the leases
-    # being carried over and the column being dropped.
+# What the old code may send while the migration runs: the statement, how
+# pg_stat_activity shows it waiting, and the error it must end with (None:
+# the old API's writes, which the new schema still takes).
+RACERS: dict[str, tuple[str, type[psycopg.Error] | None]] = {
+    "ack": ("%status = 'done'%", psycopg.errors.UndefinedColumn),
+    "heartbeat": ("%SET locked_until%", psycopg.errors.UndefinedColumn),
+    "claim": ("%runlease_claim%", psycopg.errors.UndefinedColumn),
+    "enqueue": ("%jsonb_to_recordset%", None),
+    "cancel": ("%cancel_requested_at = coalesce%", None),
+}
+
+
+def race(old: OldCode, what: str, held: dict[UUID, int], pending: UUID) -> None:
+    if what == "ack":
+        old.ack(None, "old-a", held)
+    elif what == "heartbeat":
+        old.heartbeat(None, "old-a", held, A_LEASE_S)
+    elif what == "claim":
+        old.run("run_claim", None, pool="default", worker="old-b", n=5, lease_s=60)
+    elif what == "enqueue":
+        old.enqueue(datetime.now(UTC), 1, tenant="late")
+    else:
+        old.request_cancel(datetime.now(UTC), pending)
+
+
+@pytest.mark.parametrize("what", list(RACERS))
+def test_an_old_write_during_the_migration_waits_for_it(empty_db_url: str, what: str) -> None:
+    # The old code keeps running while the migration does. The migration
+    # locks agent_runs from its first statement, so an old statement waits
+    # for it whole: a worker's renewal, ack or claim then meets the new schema
+    # and fails (it never lands between the leases being carried over and
+    # the column being dropped, nor leases a run the migration did not
+    # carry); the old API's enqueue and cancel land, counted.
     migrate_to_0014(empty_db_url)
     old = OldCode(empty_db_url)
-    acker = OldCode(empty_db_url)
+    racer = OldCode(empty_db_url)
+    blocker = psycopg.connect(empty_db_url)
     try:
         now = datetime.now(UTC)
         ids = old.enqueue(now, 2)
         held = old.claim(now, "old-a", ids, A_LEASE_S)
+        (pending,) = old.enqueue(now, 1)
         # Hold the migration after its first statement: it waits for this
         # lock on agent_run_workers while it holds agent_runs.
-        blocker = psycopg.connect(empty_db_url)
         blocker.execute("LOCK TABLE agent_run_workers IN ACCESS SHARE MODE")
         outcome: dict[str, Any] = {}
 
         def run_migrate() -> None:
             outcome["applied"] = [m.version for m in migrate(empty_db_url)]
 
-        def run_ack() -> None:
+        def run_racer() -> None:
             try:
-                outcome["acked"] = acker.ack(None, "old-a", held)
+                race(racer, what, held, pending)
+                outcome["landed"] = True
             except psycopg.Error as exc:
-                outcome["ack_error"] = exc
+                outcome["error"] = exc
 
-        def waiting(app: str | None, query: str) -> bool:
+        def waiting(app: str | None, query: str) -> bool | None:
             row = old.conn.execute(
                 "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                 " AND (%s::text IS NULL OR application_name = %s) AND query LIKE %s",
                 (app, app, query),
             ).fetchone()
-            return bool(row and row["n"])
+            return bool(row and row["n"]) or None
 
-        migrator = threading.Thread(target=run_migrate, name="migrate")
-        migrator.start()
+        threads = [
+            threading.Thread(target=run_migrate, name="migrate"),
+            threading.Thread(target=run_racer, name=f"old-{what}"),
+        ]
+        threads[0].start()
         until_sync(
-            lambda: waiting("runlease-migrate", "%agent_run_workers%") or None,
+            lambda: waiting("runlease-migrate", "%agent_run_workers%"),
             what="the migration waits on agent_run_workers",
         )
-        ack = threading.Thread(target=run_ack, name="old-ack")
-        ack.start()
+        threads[1].start()
         until_sync(
-            lambda: waiting(None, "%status = 'done'%") or None,
-            what="the old ack waits on agent_runs",
+            lambda: waiting(None, RACERS[what][0]), what=f"the old {what} waits on agent_runs"
         )
         blocker.rollback()
-        blocker.close()
-        migrator.join(timeout=120)
-        ack.join(timeout=120)
+        for thread in threads:
+            thread.join(timeout=120)
         assert outcome.get("applied") == [15]
-        assert "acked" not in outcome
-        assert isinstance(outcome["ack_error"], psycopg.errors.UndefinedColumn)
-        assert holders(empty_db_url) == dict.fromkeys(ids, "old-a" + CARRIED)
-        assert {s[0] for s in snapshot(empty_db_url).values()} == {"leased"}
+        error = RACERS[what][1]
+        if error is None:
+            assert outcome == {"applied": [15], "landed": True}
+        else:
+            assert isinstance(outcome.get("error"), error), outcome
+        # The leases are carried, live; nothing else changed hands.
+        after = snapshot(empty_db_url)
+        assert {run_id: after[run_id][0] for run_id in ids} == dict.fromkeys(ids, "leased")
+        assert holders(empty_db_url) == {
+            **dict.fromkeys(after),
+            **dict.fromkeys(ids, "old-a" + CARRIED),
+        }
+        assert after[pending][0] == ("cancelled" if what == "cancel" else "pending")
+        assert len(after) == (4 if what == "enqueue" else 3)
+        counts_consistent(empty_db_url)
     finally:
+        blocker.close()
         old.conn.close()
-        acker.conn.close()
+        racer.conn.close()
