@@ -1,12 +1,13 @@
 """Migration 0015 (a lease per worker incarnation, issue 26) upgrades a
 database that the runlease of schema 0014 was using: pending, delayed,
 leased (live and lapsed, of workers with and without a live registry row),
-cancel-requested and finished runs, and loses none.
+cancel-requested, waiting (a parent parked for its child) and finished
+runs, and loses none.
 
 The database is built as that runlease left it: migrations 0001..0014 and
 its functions.sql, then every row written by its own statements, verbatim
-(tests/fixtures/schema_0014/: functions.sql, parts.sql, runs.sql and
-workers.sql of e0156f2, the last commit before core v2). Then the real
+(tests/fixtures/schema_0014/: functions.sql, parts.sql, runs.sql,
+children.sql and workers.sql of e0156f2, the last commit before core v2). Then the real
 `migrate` takes it to the head, and the new code's store takes over, its
 clock moved by hand (ManualClock) past each carried lease's expiry.
 """
@@ -40,6 +41,7 @@ from tests.support.waiting import until_sync
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "schema_0014"
 CARRIED, LAPSED = ":0015", ":0015-lapsed"
+UNSET = UUID(int=0)  # a Fleet's run not written yet
 
 
 @cache
@@ -175,6 +177,21 @@ class OldCode:
         )
         assert len(rows) == 1
 
+    def wait_children(
+        self, now: datetime, worker: str, parent: UUID, epoch: int, child: UUID
+    ) -> None:
+        """`child` is `parent`'s, and `parent`, leased by `worker`, waits for it."""
+        self.run("run_parent_set", now, id=child, parent=parent)
+        (row,) = self.run(
+            "run_wait_children",
+            now,
+            worker=worker,
+            id=parent,
+            epoch=epoch,
+            channel_prefix=POOL_CHANNEL_PREFIX,
+        )
+        assert (row["status"], row["awaiting_children"]) == ("pending", True)
+
     def request_cancel(self, now: datetime, run_id: UUID) -> None:
         rows = self.run("run_request_cancel", now, id=run_id, tenant=None, channel=CANCEL_CHANNEL)
         assert len(rows) == 1
@@ -186,14 +203,16 @@ class Fleet:
 
     now: datetime  # the instant of the "present" writes; the migration runs just after
     lapsed: list[UUID] = field(default_factory=list)  # old-c's, lease over an hour ago
-    lapsed_last: UUID | None = None  # lapsed on its last attempt: dead at the reap
-    lapsed_cancel: UUID | None = None  # old-d's, lapsed, cancel requested
+    lapsed_last: UUID = UNSET  # lapsed on its last attempt: dead at the reap
+    lapsed_cancel: UUID = UNSET  # old-d's, lapsed, cancel requested
     live_a: list[UUID] = field(default_factory=list)  # old-a's, which still beats its row
-    live_a_cancel: UUID | None = None  # old-a's, cancel requested
-    live_b: UUID | None = None  # old-b's: no registry row, a shorter lease
-    live_c: UUID | None = None  # old-c's too: a holder with lapsed and live leases
+    live_a_cancel: UUID = UNSET  # old-a's, cancel requested
+    live_b: UUID = UNSET  # old-b's: no registry row, a shorter lease
+    parent: UUID = UNSET  # waiting (pending, parked) for its child ...
+    child: UUID = UNSET  # ... leased by old-b
+    live_c: UUID = UNSET  # old-c's too: a holder with lapsed and live leases
     pending: list[UUID] = field(default_factory=list)
-    delayed: UUID | None = None
+    delayed: UUID = UNSET
     epochs: dict[UUID, int] = field(default_factory=dict)
 
 
@@ -226,8 +245,13 @@ def populate(old: OldCode) -> Fleet:
     (fleet.live_a_cancel,) = old.enqueue(now, 1, tenant="globex")
     fleet.epochs |= old.claim(now, "old-a", [fleet.live_a_cancel], A_LEASE_S)
     old.request_cancel(now, fleet.live_a_cancel)
+    # A parent waiting for its child (pending, parked: no lease, no slot).
+    (fleet.parent,) = old.enqueue(now, 1)
+    parent_epoch = old.claim(now, "old-a", [fleet.parent], A_LEASE_S)[fleet.parent]
+    (fleet.child,) = old.enqueue(now, 1)
+    old.wait_children(now, "old-a", fleet.parent, parent_epoch, fleet.child)
     (fleet.live_b,) = old.enqueue(now, 1, tenant="globex")
-    fleet.epochs |= old.claim(now, "old-b", [fleet.live_b], B_LEASE_S)
+    fleet.epochs |= old.claim(now, "old-b", [fleet.live_b, fleet.child], B_LEASE_S)
     (fleet.live_c,) = old.enqueue(now, 1)
     fleet.epochs |= old.claim(now, "old-c", [fleet.live_c], A_LEASE_S)
     # old-a's lease keeper beats: its runs and its registry row, live.
@@ -329,11 +353,11 @@ def test_no_run_is_lost_and_each_lease_is_carried_to_an_incarnation(upgraded: Up
     expected_holders: dict[UUID, str | None] = dict.fromkeys(upgraded.before)
     for run_id in [*fleet.lapsed, fleet.lapsed_last]:
         expected_holders[run_id] = "old-c" + LAPSED
-    expected_holders[fleet.lapsed_cancel] = "old-d" + LAPSED  # type: ignore[index]
+    expected_holders[fleet.lapsed_cancel] = "old-d" + LAPSED
     for run_id in [*fleet.live_a, fleet.live_a_cancel]:
-        expected_holders[run_id] = "old-a" + CARRIED  # type: ignore[index]
-    expected_holders[fleet.live_b] = "old-b" + CARRIED  # type: ignore[index]
-    expected_holders[fleet.live_c] = "old-c" + CARRIED  # type: ignore[index]
+        expected_holders[run_id] = "old-a" + CARRIED
+    expected_holders[fleet.live_b] = expected_holders[fleet.child] = "old-b" + CARRIED
+    expected_holders[fleet.live_c] = "old-c" + CARRIED
     assert holders(url) == expected_holders
     # One incarnation per carried holder, living as long as its leases
     # would have; the lapsed ones already expired. The old rows stay as
@@ -343,13 +367,20 @@ def test_no_run_is_lost_and_each_lease_is_carried_to_an_incarnation(upgraded: Up
     rows = incarnations(url)
     assert rows == {
         "old-a" + CARRIED: ("default", 3, a_until, False),
-        "old-b" + CARRIED: ("default", 1, fleet.now + timedelta(seconds=B_LEASE_S), False),
+        "old-b" + CARRIED: ("default", 2, fleet.now + timedelta(seconds=B_LEASE_S), False),
         "old-c" + CARRIED: ("default", 1, a_until, False),
         "old-c" + LAPSED: ("default", 3, lapsed_at, False),
         "old-d" + LAPSED: ("default", 1, lapsed_at, False),
         "old-a": ("default", 3, a_until, False),
         "old-idle": ("default", 0, a_until, False),
     }
+    # The parent still waits for its child: pending, parked, no holder.
+    with psycopg.connect(url) as conn:
+        parked = conn.execute(
+            "SELECT status, delayed, awaiting_children, attempts FROM agent_runs WHERE id = %s",
+            (fleet.parent,),
+        ).fetchone()
+    assert parked == ("pending", True, True, 0)
     assert migrate(url) == []
 
 
@@ -358,7 +389,7 @@ async def test_a_run_shows_its_carried_lease_expiry(
 ) -> None:
     store, _ = new_store
     fleet = upgraded.fleet
-    run = await store.get(fleet.live_b)  # type: ignore[arg-type]
+    run = await store.get(fleet.live_b)
     assert (run.status, run.locked_by) == ("leased", "old-b" + CARRIED)
     assert run.locked_until == fleet.now + timedelta(seconds=B_LEASE_S)
     pending = await store.get(fleet.pending[0])
@@ -371,10 +402,6 @@ async def test_carried_leases_hold_until_their_expiry_then_the_reaper_requeues_t
     store, clock = new_store
     fleet, url, old = upgraded.fleet, upgraded.url, upgraded.old
     live_a = fleet.live_a
-    assert fleet.live_a_cancel
-    assert fleet.live_b
-    assert fleet.live_c
-    assert fleet.lapsed_cancel
 
     # The first reap, a second after the migration: the lapsed leases go
     # back (or dead, on their last attempt; cancelled, if asked), their
@@ -391,7 +418,7 @@ async def test_carried_leases_hold_until_their_expiry_then_the_reaper_requeues_t
         run = await store.get(run_id)
         # The attempt was charged by the claim, not by the reap.
         assert (run.status, run.attempts, run.error_code) == ("pending", 1, "lease_expired")
-    last = await store.get(fleet.lapsed_last)  # type: ignore[arg-type]
+    last = await store.get(fleet.lapsed_last)
     assert (last.status, last.attempts, last.error_code) == ("dead", 1, "lease_expired")
     assert (await store.get(fleet.lapsed_cancel)).status == "cancelled"
     for run_id in [*live_a, fleet.live_a_cancel, fleet.live_b, fleet.live_c]:
@@ -428,7 +455,10 @@ async def test_carried_leases_hold_until_their_expiry_then_the_reaper_requeues_t
     clock.advance(2)  # a second past it
     reaped = await store.reap()
     assert reaped.ended == ("old-b" + CARRIED,)
-    assert [(r[0], r[3]) for r in reaped.reaped] == [(fleet.live_b, "pending")]
+    assert {(r[0], r[3]) for r in reaped.reaped} == {
+        (fleet.live_b, "pending"),
+        (fleet.child, "pending"),
+    }
 
     clock.advance(A_LEASE_S - B_LEASE_S - 2)  # a second before old-a's and old-c's expiry
     old.beat(clock.db_now(), "old-a", 3 * A_LEASE_S)
@@ -452,7 +482,7 @@ async def test_carried_leases_hold_until_their_expiry_then_the_reaper_requeues_t
 
     # Nothing is lost: the requeued runs are claimed again by a new
     # incarnation under a new epoch, their attempts counted by the claim.
-    requeued = [*fleet.lapsed, fleet.live_b, live_a[1], fleet.live_c]
+    requeued = [*fleet.lapsed, fleet.live_b, fleet.child, live_a[1], fleet.live_c]
     await store.register_worker(Registration("new-1", "default", 50), lease_s=60)
     claimed = {x.run_id: x for x in await store.claim("default", "new-1", 50)}
     assert set(claimed) == {*requeued, *fleet.pending}
@@ -462,8 +492,15 @@ async def test_carried_leases_hold_until_their_expiry_then_the_reaper_requeues_t
             before[1] + 1,
             before[2] + 1,
         )
+    assert await store.wake_parents() == 0  # its child is still leased
     for x in claimed.values():
         await store.ack(x)
+    # The child done, the parent that waited through the migration wakes
+    # and is claimed again, its attempt not charged by the wait.
+    assert await store.wake_parents() == 1
+    (resumed,) = await store.claim("default", "new-1", 50)
+    assert (resumed.run_id, resumed.run.attempts) == (fleet.parent, 1)
+    await store.ack(resumed)
     final = snapshot(url)
     assert set(final) == set(upgraded.before)
     assert {run_id: s[0] for run_id, s in final.items() if s[0] != "done"} == {
