@@ -37,6 +37,7 @@ from runlease.db.migrate import FUNCTIONS_VERSION, migrate, migrations
 from runlease.db.models import Lease
 from runlease.db.store import Registration, RunStore
 from runlease.errors import IncarnationEnded, LeaseLost, RunleaseError
+from tests.integration.test_schema import schema_dump
 from tests.support.waiting import until_sync
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "schema_0014"
@@ -343,8 +344,13 @@ async def new_store(upgraded: Upgraded) -> AsyncIterator[tuple[RunStore, ManualC
         yield RunStore(conn_pool, clock=clock), clock
 
 
-def test_no_run_is_lost_and_each_lease_is_carried_to_an_incarnation(upgraded: Upgraded) -> None:
+def test_no_run_is_lost_and_each_lease_is_carried_to_an_incarnation(
+    upgraded: Upgraded, db_url: str
+) -> None:
     fleet, url = upgraded.fleet, upgraded.url
+    # The schema of a fresh database: nothing of the old functions.sql
+    # (an old signature, a trigger) outlives the upgrade.
+    assert schema_dump(url) == schema_dump(db_url)
     # Every run, in the same status, attempt and epoch.
     assert snapshot(url) == upgraded.before
     counts_consistent(url)
