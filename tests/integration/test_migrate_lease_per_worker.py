@@ -538,6 +538,38 @@ async def test_no_worker_can_take_over_a_carried_incarnation(
         await store.claim("default", "old-c" + LAPSED, 1)
 
 
+async def test_holders_of_the_longest_ids_are_carried_within_the_id_limit(
+    empty_db_url: str,
+) -> None:
+    # Worker ids run up to 255 characters (agent_run_workers' CHECK); the
+    # carried name keeps 230 of them and its suffix. Two holders alike in
+    # their first 230 characters, one live and one lapsed, stay apart.
+    migrate_to_0014(empty_db_url)
+    old = OldCode(empty_db_url)
+    live, lapsed = "w" * 254 + "1", "w" * 254 + "2"
+    now = datetime.now(UTC)
+    try:
+        (lapsed_run,) = old.enqueue(now - timedelta(hours=1), 1)
+        old.claim(now - timedelta(hours=1), lapsed, [lapsed_run], 60)
+        (live_run,) = old.enqueue(now, 1)
+        old.claim(now, live, [live_run], A_LEASE_S)
+        old.beat(now, live, A_LEASE_S)
+        assert [m.version for m in migrate(empty_db_url)] == [15]
+    finally:
+        old.conn.close()
+    assert holders(empty_db_url) == {
+        live_run: "w" * 230 + CARRIED,
+        lapsed_run: "w" * 230 + LAPSED,
+    }
+    clock = ManualClock(now + timedelta(seconds=1))
+    async with make_conn_pool(empty_db_url, max_size=2) as conn_pool:
+        store = RunStore(conn_pool, clock=clock)
+        reaped = await store.reap()
+        assert [(r[0], r[3]) for r in reaped.reaped] == [(lapsed_run, "pending")]
+        await store.ack(Lease(await store.get(live_run), "w" * 230 + CARRIED))
+    assert {s[0] for s in snapshot(empty_db_url).values()} == {"pending", "done"}
+
+
 # What the old code may send while the migration runs: the statement, how
 # pg_stat_activity shows it waiting, and the error it must end with (None:
 # the old API's writes, which the new schema still takes).
