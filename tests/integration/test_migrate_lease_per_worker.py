@@ -268,7 +268,7 @@ def populate(old: OldCode) -> Fleet:
 
 
 def snapshot(url: str) -> dict[UUID, tuple[Any, ...]]:
-    """Each run: status, attempts, epoch, cancel requested, error code."""
+    """Each run: status, attempts, epoch, cancel requested, error code, delayed."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT id, status, attempts, lease_epoch, cancel_requested_at IS NOT NULL,"
