@@ -105,20 +105,24 @@ async def test_pools_page_shows_last_hour_expiries_and_stale_writes(
     assert (await store.reap()).to_pending == 1
     with pytest.raises(LeaseLost):  # worker A writes after its lease was taken: stale
         await store.record_event(lease, "note", {"late": True})
-    # Worker A's next heartbeat carries the stale write into its registry
-    # row; the reaper's leader folds it into the pool's minute.
-    await store.heartbeat(WORKER_A, [], lease_s=30,
-                          registry=Registration(WORKER_A, "health", 1))
+    # Worker A's incarnation was ended by the reap: its heartbeat finds
+    # nothing to renew, and the stale write waits for the next incarnation's
+    # beat, which carries it into its registry row; the reaper's leader
+    # folds it into the pool's minute.
+    assert await store.heartbeat(Registration(WORKER_A, "health", 1), lease_s=30) is None
+    again = f"{WORKER_A}:again"
+    await store.incarnation(again, "health", lease_s=30)
+    assert await store.heartbeat(Registration(again, "health", 1), lease_s=30) is not None
     assert await store.fold_stale_writes() == 1
     assert await store.fold_stale_writes() == 0  # moved once
-    # Another, reported by a heartbeat that renews a lease (run_heartbeat).
+    # Another, reported by a heartbeat that renews a lease.
     await store.enqueue("health", "acme", {"task": "held"})
-    (held,) = await store.claim("health", WORKER_A, 1, lease_s=30)
+    (held,) = await store.claim("health", again, 1, lease_s=30)
     with pytest.raises(LeaseLost):
         await store.ack(lease)
-    renewed = await store.heartbeat(WORKER_A, [(held.run_id, held.epoch)], lease_s=30,
-                                    registry=Registration(WORKER_A, "health", 1))
-    assert held.run_id in renewed.held
+    renewed = await store.heartbeat(Registration(again, "health", 1), lease_s=30, runs_held=1)
+    assert renewed is not None
+    assert held.run_id not in renewed.cancel_requested
     assert await store.fold_stale_writes() == 1
     health = (await store.pool_health(3600, "health"))["health"]
     assert (health.lease_expiries, health.stale_writes) == (1, 2)

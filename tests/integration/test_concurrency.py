@@ -20,7 +20,7 @@ import pytest
 
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Pool
-from runlease.db.store import NewRun, RunStore
+from runlease.db.store import NewRun, Registration, RunStore
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +60,7 @@ def test_eight_claimers_claim_ten_thousand_runs_exactly_once(db_url: str) -> Non
         rng = random.Random(i)
         async with make_conn_pool(db_url, max_size=1, application_name=f"claimer-{i}") as conn_pool:
             store = RunStore(conn_pool)
+            await store.register_worker(Registration(f"w{i}", "default", 0), lease_s=600)
             async with conn_pool.connection() as conn:
                 while True:
                     leases = await store.claim("default", f"w{i}", rng.choice((1, 5, 20)),
@@ -120,6 +121,7 @@ def test_tenant_limits_hold_under_contention(db_url: str) -> None:
     async def claimer(i: int) -> None:
         async with make_conn_pool(db_url, max_size=1) as conn_pool:
             store = RunStore(conn_pool)
+            await store.register_worker(Registration(f"w{i}", "limited", 0), lease_s=600)
             async with conn_pool.connection() as conn:
                 idle_since = time.monotonic()
                 while time.monotonic() - idle_since < 1.0:

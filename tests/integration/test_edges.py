@@ -443,8 +443,11 @@ async def test_metrics_count_each_forced_fault_exactly(live_store: RunStore,
     # A stale write: the run was reaped from SQL while its agent was about to
     # emit. No renewal runs meanwhile (one each 30 s): with one in flight, both
     # it and the emit would be refused, two stale writes of one lost lease.
+    # One slot, held by the run: no claim asks meanwhile either (a claim of an
+    # ended incarnation would also tell the worker and stop the run first).
     async with running_worker(db_url, agent, metrics_port=port, metrics_host="127.0.0.1",
-                              lease_s=120, heartbeat_interval_s=30, reaper=False) as w:
+                              lease_s=120, heartbeat_interval_s=30, reaper=False,
+                              concurrency=1) as w:
         stale = await live_store.enqueue("default", "acme", {"write_late": True},
                                          max_attempts=1)
         await until(lambda: _leased(live_store, stale.run.id, epoch=1), what="leased")

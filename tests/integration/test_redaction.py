@@ -20,6 +20,7 @@ from runlease.db.store import RunStore
 from runlease.worker import RunContext, deltas
 from runlease.worker.tools import ToolRunner
 from tests.integration.test_worker import finished, running_worker
+from tests.support.databases import RegisteringStore
 from tests.support.secrets import leaked, message, split
 from tests.support.waiting import until
 
@@ -65,7 +66,7 @@ def test_a_secret_split_across_deltas_is_never_stored(
     loop = asyncio.new_event_loop()
     conn_pool = make_conn_pool(db_url, max_size=2)
     loop.run_until_complete(conn_pool.open(wait=True))
-    store = RunStore(conn_pool)
+    store = RegisteringStore(conn_pool)
 
     @settings(max_examples=60, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.too_slow])

@@ -139,10 +139,11 @@ async def test_runs_for_later_wait_outside_the_claim(store: RunStore, clock: Man
         delayed = dict(conn.execute("SELECT id, delayed FROM agent_runs").fetchall())
     assert delayed == {later.run.id: True, at.run.id: True, past.run.id: False}
     assert [lease.run_id for lease in await store.claim("default", "w", 5)] == [past.run.id]
+    # A worker for each time (one incarnation is never renewed here).
     clock.advance(601)
-    assert [lease.run_id for lease in await store.claim("default", "w", 5)] == [later.run.id]
+    assert [lease.run_id for lease in await store.claim("default", "w2", 5)] == [later.run.id]
     clock.advance(600)
-    assert [lease.run_id for lease in await store.claim("default", "w", 5)] == [at.run.id]
+    assert [lease.run_id for lease in await store.claim("default", "w3", 5)] == [at.run.id]
 
 
 @pytest.mark.parametrize(("extra", "field"), [

@@ -336,7 +336,10 @@ def test_finished_filters_start_from_the_tenants_finished_runs(many_runs: str,
     finished runs (or, for a tenant with a large share of the table, as here
     where a tenant is one run in 20, the primary key: the planner's choice)."""
     for generic_plan in (False, True):
-        scans = plan_scans(many_runs, FILTERS[name], generic_plan=generic_plan)
+        # Beside the lease's expiry, looked up in the (small) workers
+        # registry for each leased run of the page.
+        scans = [s for s in plan_scans(many_runs, FILTERS[name], generic_plan=generic_plan)
+                 if s[1] != "agent_run_workers"]
         assert len(scans) == 1, scans
         assert scans[0][1:] in {("agent_runs", "agent_runs_finished_tenant_idx"),
                                 ("agent_runs", "agent_runs_pkey")}, scans

@@ -107,8 +107,10 @@ def test_a_cut_network_stops_the_run_before_its_lease_expires(
         proxy.cut()
         cut_at = time.time()
         time.sleep(0.5)  # a renewal in flight at the cut has settled by now
-        (locked_until,) = query(db_url, "SELECT extract(epoch FROM locked_until)"
-                                        " FROM agent_runs")[0]
+        # The run's lease is its holder incarnation's.
+        (locked_until,) = query(db_url, "SELECT extract(epoch FROM w.expires_at)"
+                                        "  FROM agent_runs r JOIN agent_run_workers w"
+                                        "    ON w.id = r.locked_by")[0]
         workers("b", agent="tests.support.agents:ticker", reaper=True)
         until_sync(lambda: query(db_url, "SELECT status FROM agent_runs")[0][0] == "done",
                    timeout_s=30, what="worker b to complete the run")

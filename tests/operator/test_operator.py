@@ -26,6 +26,7 @@ from tests.operator.conftest import (
     stored,
 )
 from tests.operator.hostile import HOSTILE_NAMES
+from tests.support.databases import RegisteringStore
 from tests.support.waiting import eventually
 
 OWNER = {"apiVersion": "runlease.dev/v1alpha1", "kind": "AgentRunPool", "name": "batch",
@@ -189,7 +190,7 @@ async def test_pod_deletion_cost_comes_from_leases(kmock: Any, kubeconfig: str,
         await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers")["spec"][
             "replicas"] == 3)
         async with make_conn_pool(db_url, max_size=1) as conn_pool:
-            store = RunStore(conn_pool)
+            store = RegisteringStore(conn_pool)
             leases = await store.claim("batch", "uid-pod-busy:boot:1", 2)
             await store.request_cancel((await store.list_runs(status="pending"))[0].id)
             for run in await store.list_runs(status="pending"):

@@ -107,7 +107,10 @@ def uuid_floor(at: datetime) -> UUID:
     return UUID(int=(ms & ((1 << 48) - 1)) << 80)
 
 
-ALL_COLUMNS = sql.SQL("r.*")
+# With its lease's expiry: the holder incarnation's (one lookup by primary
+# key, only for a leased run).
+ALL_COLUMNS = sql.SQL("r.*, (SELECT w.expires_at FROM agent_run_workers w"
+                      " WHERE w.id = r.locked_by) AS locked_until")
 # Each side-table row's run, by primary key, in the side table's order. OFFSET
 # 0 keeps the planner from flattening it into a join: estimating a status
 # rare, it would read all of agent_runs and hash-join; this way a page costs

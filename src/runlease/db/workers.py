@@ -121,6 +121,8 @@ class WorkerStore(Executor):
             untake_stale_writes(reg.pool, stale)
             raise
         if not rows:
+            # Over: the stale writes wait for the next incarnation's beat.
+            untake_stale_writes(reg.pool, stale)
             return None
         return Renewal(rows[0]["expires_at"], frozenset(rows[0]["cancel_requested"]))
 

@@ -147,10 +147,6 @@ class LeaseKeeper(Service):
             self.holder.current = None
             self.holder.registered.clear()
         fenced = inc.reason == "self_fenced"
-        if inc.reason == "ended":
-            # The database refused the incarnation (a renewal or a claim,
-            # whichever came first): one stale write.
-            stale_writes(self.holder.pool)
         stopped = 0
         for handle in list(self.runs):
             if handle.incarnation is not inc or not handle.writes_allowed:
@@ -158,10 +154,19 @@ class LeaseKeeper(Service):
             stopped += 1
             if fenced:
                 metrics.child(metrics.SELF_FENCED, handle.pool).inc()
+                # The runbook's alert line, per run, as when a run's own
+                # write found the fence passed (RunHandle.self_fence).
+                log.error("run_self_fenced run_id=%s worker=%s", handle.run_id, inc.id)
                 handle.stop(StopReason.SELF_FENCED)
             elif not handle.closing:  # an ending that committed first lost nothing
                 metrics.child(metrics.LEASES_LOST, handle.pool).inc()
                 self.on_lost(handle, StopReason.LEASE_LOST)
+        if inc.reason == "ended" and stopped:
+            # The database refused the incarnation (a renewal or a claim,
+            # whichever came first) while it still had runs writing: one
+            # stale write (a run's own refused write counted itself already,
+            # and stopped it).
+            stale_writes(self.holder.pool)
         self._unsettled = [h for h in self._unsettled if h.incarnation is not inc]
         log.error("incarnation_stopped_runs worker=%s reason=%s runs=%d", inc.id, inc.reason,
                   stopped)

@@ -461,8 +461,11 @@ SELECT r.*, (SELECT w.expires_at FROM agent_run_workers w
 
 -- name: run_list
 -- Keyset pagination, newest first: the cursor is the last id of the previous
--- page. Operators' view across tenants walks the primary key.
-SELECT * FROM agent_runs
+-- page. Operators' view across tenants walks the primary key. With each
+-- lease's expiry: the holder incarnation's.
+SELECT r.*, (SELECT w.expires_at FROM agent_run_workers w
+              WHERE w.id = r.locked_by) AS locked_until
+  FROM agent_runs r
  WHERE (%(pool)s::text IS NULL OR pool = %(pool)s::text)
    AND (%(status)s::text IS NULL OR status = %(status)s::text)
    AND (%(before)s::uuid IS NULL OR id < %(before)s::uuid)
@@ -472,7 +475,8 @@ SELECT * FROM agent_runs
 
 -- name: run_list_tenant
 -- One tenant's runs, newest first, through the tenant's index rows.
-SELECT r.*
+SELECT r.*, (SELECT w.expires_at FROM agent_run_workers w
+              WHERE w.id = r.locked_by) AS locked_until
   FROM agent_run_tenant_index t
   JOIN agent_runs r ON r.id = t.run_id
  WHERE t.tenant_id = %(tenant)s
