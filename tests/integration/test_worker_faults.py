@@ -222,16 +222,16 @@ def test_chaos_kill_9_every_two_seconds(db_url: str, workers: Any, tmp_path: Pat
         assert not later, f"step {key} of run {run_id} committed at epoch {epoch} ran again"
     # Leases never overlapped in time: every instant seen under epoch k comes
     # before every instant seen under a later epoch.
-    overlaps = 0
-    for samples in per_run.values():
+    overlaps = []
+    for run_id, samples in per_run.items():
         by_epoch: dict[int, list[float]] = defaultdict(list)
         for epoch, ts in samples:
             by_epoch[epoch].append(ts)
         epochs = sorted(by_epoch)
         for earlier, later in itertools.pairwise(epochs):
             if max(by_epoch[earlier]) >= min(by_epoch[later]):
-                overlaps += 1
-    assert overlaps == 0
+                overlaps.append((run_id, sorted(samples)))
+    assert not overlaps, overlaps
     print(f"chaos: {total} runs, {kills} kill -9s, {retried} runs retried, "
           f"statuses {statuses}, {elapsed:.0f} s")
     assert kills >= 5

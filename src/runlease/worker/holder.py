@@ -17,9 +17,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 
+import psycopg
+
 from runlease.clock import Clock, SystemClock
 from runlease.db.connect import Conn, connect
 from runlease.db.store import RunStore
+from runlease.errors import DatabaseUnavailable
 from runlease.worker.incarnation import Incarnation
 
 log = logging.getLogger(__name__)
@@ -75,7 +78,13 @@ class OwnConnection:
 
     async def get(self) -> Conn:
         if self.conn is None or self.conn.closed:
-            self.conn = await self._open()
+            try:
+                self.conn = await self._open()
+            except psycopg.OperationalError as exc:
+                # As every statement's own failure to reach the server: a
+                # retryable error each loop already handles (a worker started
+                # while the database restarts waits for it, never exits).
+                raise DatabaseUnavailable(str(exc).strip()) from exc
         return self.conn
 
     def abandon(self) -> None:
