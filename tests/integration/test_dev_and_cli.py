@@ -182,3 +182,28 @@ def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> 
     until_sync(lambda: not any(alive(p) for p in children | servers), timeout_s=10,
                what="every process of runlease dev to exit")
     assert not postgres_pids(dev.dir)
+
+
+def test_a_second_dev_in_the_same_folder_is_refused_and_stops_nothing(dev: Dev) -> None:
+    """It used to reuse the first stack's PostgreSQL and stop it on exit,
+    leaving the first answering 503."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("DATABASE_URL", None)
+    data = str(dev.dir / "data")
+    second = subprocess.run(
+        [sys.executable, "-m", "runlease", "dev", "--data-dir", data, "--port",
+         str(free_port()), "--workers", "0"],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert second.returncode == 1, second
+    assert "Traceback" not in second.stderr
+    assert f"is in use by runlease dev (pid {dev.proc.pid if dev.proc else 0}, API {dev.url})" \
+        in second.stderr
+    assert "--data-dir" in second.stderr
+    # `migrate` in the folder uses the running server and leaves it running.
+    migrated = subprocess.run([sys.executable, "-m", "runlease", "migrate", "--data-dir", data],
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert migrated.returncode == 0, migrated.stderr
+    assert dev.ready()
+    run = dev.json("runs", "submit", "--input", json.dumps({"steps": []}))
+    until_sync(lambda: dev.json("runs", "show", run["id"])["status"] == "done",
+               what="a run served after the refused second stack")
