@@ -27,12 +27,21 @@ class Selection:
     labels: tuple[str, ...]
     tenant_id: str | None
     dry_run: bool
+    every: bool = False
 
     def one_run(self) -> bool:
-        """One run id and no dry run: the single-run call, not the bulk one."""
-        if self.run_ids and (self.statuses or self.pool or self.tenant_id or self.labels):
+        """One run id and no dry run: the single-run call, not the bulk one.
+        As kubectl refuses a bulk delete without --all or a selector, no
+        ids and no filter is an error, not every run the token can see."""
+        filtered = bool(self.statuses or self.pool or self.tenant_id or self.labels)
+        if self.run_ids and (filtered or self.every):
             raise click.UsageError("give run ids or filter options (--status, --pool, "
-                                   "--label, --tenant), not both")
+                                   "--label, --tenant, --all), not both")
+        if not (self.run_ids or filtered or self.every):
+            raise click.UsageError("name the runs: run ids, filter options (--status, --pool, "
+                                   "--label, --tenant), or --all for every run your token "
+                                   "can see (an admin's: every tenant's); --dry-run counts "
+                                   "them first")
         return len(self.run_ids) == 1 and not self.dry_run
 
     def send(self, api_url: str, token: str, as_json: bool, action: str) -> None:
@@ -50,10 +59,13 @@ def selection_options(command: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(command)
     def with_selection(*, run_ids: tuple[str, ...], statuses: tuple[str, ...],
                        pool: str | None, labels: tuple[str, ...], tenant_id: str | None,
-                       dry_run: bool, **rest: Any) -> None:
-        command(selection=Selection(run_ids, statuses, pool, labels, tenant_id, dry_run),
-                **rest)
+                       dry_run: bool, every: bool, **rest: Any) -> None:
+        command(selection=Selection(run_ids, statuses, pool, labels, tenant_id, dry_run,
+                                    every), **rest)
     wrapped: Any = with_selection
+    wrapped = click.option("--all", "every", is_flag=True,
+                           help="Every run the token can see (required when no id or "
+                                "filter is given).")(wrapped)
     wrapped = click.option("--dry-run", is_flag=True,
                            help="Count the runs it would change; change none.")(wrapped)
     wrapped = click.option("--tenant", "tenant_id",
@@ -86,8 +98,8 @@ def _print_bulk(result: BulkView, as_json: bool) -> None:
 @api_options
 @selection_options
 def cancel(api_url: str, token: str, as_json: bool, selection: Selection) -> None:
-    """Stop a run (its tools too), or many: by ids, or by --status/--pool/
-    --label (a filter with no option: every pending and leased run of yours)."""
+    """Stop a run (its tools too), or many: by ids, by --status/--pool/
+    --label, or --all (every pending and leased run the token can see)."""
     if not selection.one_run():
         selection.send(api_url, token, as_json, "cancel")
         return
@@ -104,8 +116,8 @@ def cancel(api_url: str, token: str, as_json: bool, selection: Selection) -> Non
 @api_options
 @selection_options
 def redrive(api_url: str, token: str, as_json: bool, selection: Selection) -> None:
-    """Send dead runs back to the queue, attempts reset: by ids, or every
-    dead run matching --pool/--label (and, for admins, --tenant)."""
+    """Send dead runs back to the queue, attempts reset (admin): by ids, every
+    dead run matching --pool/--label/--tenant, or --all."""
     selection.one_run()
     selection.send(api_url, token, as_json, "redrive")
 
