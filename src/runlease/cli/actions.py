@@ -10,11 +10,13 @@ from typing import Any
 
 import click
 
+from runlease.cli.output import count
 from runlease.cli.runs import runs
 from runlease.cli.terminal import api_options, client, emit_json, out
 from runlease.client import BulkView
 
 STATUSES = ["pending", "leased", "done", "dead", "cancelled"]
+PAST = {"cancel": "cancelled", "redrive": "redriven"}
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,10 @@ def _print_bulk(result: BulkView, as_json: bool) -> None:
         emit_json(result)
         return
     if result.dry_run:
-        out(f"dry run: {result.matched} runs would be {result.action}ed"
-                      .replace("cancele", "cancelle"))
+        out(f"dry run: {count(result.matched, 'run')} would be {PAST[result.action]}")
         return
-    out(f"{result.action}: {result.affected} of {result.matched} runs "
-                  f"(operation {result.op_id})")
+    out(f"{result.action}: {result.affected} of {count(result.matched, 'run')} "
+        f"(operation {result.op_id})")
     if result.truncated:
         out("stopped at the bound of one request: run it again for the rest")
 

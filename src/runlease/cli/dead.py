@@ -23,7 +23,7 @@ def dead_list(api_url: str, token: str, as_json: bool, pool: str | None, limit: 
     """Runs that ended dead."""
     with client(api_url, token) as api:
         page = api.dead_letters(pool=pool, limit=limit, cursor=cursor)
-    page_out(page, as_json, lambda runs: runs_table(runs, "dead letters"))
+    page_out(page, as_json, runs_table)
 
 
 @dead.command("redrive")

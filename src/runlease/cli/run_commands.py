@@ -12,6 +12,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runlease.cli import terminal
+from runlease.cli.output import count
 from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.cli.runs import runs
 from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
@@ -136,7 +137,8 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
     if as_json:
         emit_json([{"id": str(r.id), "created": r.created} for r in done])
     else:
-        out(f"submitted {created} runs" + (f", {existing} already submitted" if existing else ""))
+        out(f"submitted {count(created, 'run')}"
+            + (f", {existing} already submitted" if existing else ""))
 
 
 @runs.command("list")

@@ -3,12 +3,13 @@ list are in run_commands.py, cancel, redrive and reprioritize in actions.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
 import click
-from rich.table import Table
 
+from runlease.cli import output as printing
 from runlease.cli.terminal import (
     api_options,
     client,
@@ -39,22 +40,26 @@ def show(api_url: str, token: str, as_json: bool, run_id: str) -> None:
     if as_json:
         emit_json(run)
         return
-    for key, value in jsonable(run).items():
-        if key != "created":
-            shown = json.dumps(value) if isinstance(value, dict) else value
-            out(f"[bold]{key}[/]: {shown}")
+    # As `kubectl describe`: one field a line, times in RFC 3339, none as <none>.
+    fields = {k: v for k, v in dataclasses.asdict(run).items() if k != "created"}
+    width = max(len(k) for k in fields) + 1
+    for key, value in fields.items():
+        click.echo(f"{key + ':':<{width}} {printing.cell(value)}")
     if kids is not None and kids.items:
-        out(runs_table(kids.items, title="children"))
+        click.echo("children:")
+        runs_table(kids.items)
 
 
-def steps_table(steps: list[StepView]) -> Table:
-    table = Table()
-    for column in ("step", "attempt", "committed", "result"):
-        table.add_column(column, overflow="fold")
-    for step in steps:
-        table.add_row(step.key, str(step.attempt), step.created_at.strftime("%H:%M:%S"),
-                      json.dumps(step.result)[:2000])
-    return table
+STEP_COLUMNS = (
+    printing.Column("STEP", lambda s: s.key),
+    printing.Column("ATTEMPT", lambda s: s.attempt),
+    printing.Column("COMMITTED", lambda s: s.created_at),
+    printing.Column("RESULT", lambda s: json.dumps(s.result)[:2000]),
+)
+
+
+def steps_table(steps: list[StepView]) -> None:
+    printing.table(steps, STEP_COLUMNS)
 
 
 @runs.command("steps")

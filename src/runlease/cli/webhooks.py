@@ -62,4 +62,4 @@ def children(api_url: str, token: str, as_json: bool, run_id: str, limit: int) -
     if as_json:
         cli.emit_json(page)
     else:
-        cli.console.print(cli.runs_table(page.items, title=f"children of {run_id}"))
+        cli.runs_table(page.items)
