@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 
 import click
 
@@ -75,14 +76,24 @@ def steps(api_url: str, token: str, as_json: bool, run_id: str, limit: int,
     page_out(page, as_json, steps_table)
 
 
+# `runs tail`'s exit status by how the run ended, as `kubectl wait` fails
+# when the condition is not met (1 and 2 are errors and usage errors).
+TAIL_EXIT = {"done": 0, "dead": 3, "cancelled": 4}
+
+
 @runs.command("tail")
 @api_options
 @click.argument("run_id")
 @click.option("--after", default=0, show_default=True, help="Start after this event seq.")
 def tail(api_url: str, token: str, as_json: bool, run_id: str, after: int) -> None:
-    """Follow a run's events until it finishes; survives dropped connections."""
+    """Follow a run's events until it finishes; survives dropped connections.
+    Exit status: 0 the run is done, 3 it ended dead, 4 cancelled; 1 an error
+    (the API unreachable or refusing)."""
+    ended: str | None = None
     with client(api_url, token) as api:
         for item in api.events(run_id, after=after):
+            if isinstance(item, RunEnded):
+                ended = item.status
             if as_json:
                 click.echo(json.dumps(jsonable(item)))
             elif isinstance(item, StreamEvent) and item.kind == "tool.output" \
@@ -95,3 +106,5 @@ def tail(api_url: str, token: str, as_json: bool, run_id: str, after: int) -> No
             elif isinstance(item, RunEnded):
                 out(f"[bold]end[/]: {item.status}"
                     + (f" ({item.error_code})" if item.error_code else ""))
+    if ended is not None and TAIL_EXIT.get(ended, 1):
+        sys.exit(TAIL_EXIT.get(ended, 1))
