@@ -100,7 +100,10 @@ class WorkerFleet:
 
 
 def tokens_for(opts: DevOptions) -> tuple[TokenRegistry, dict[str, str], str]:
-    tenants = dict(opts.tenant_tokens) or {"demo": secrets.token_urlsafe(24)}
+    # Under --demo the demo's own tenants come first (the banner's `try curl`
+    # uses the first): a tenant "demo" would own none of its runs.
+    tenants = dict(opts.tenant_tokens) or ({} if opts.demo
+                                           else {"demo": secrets.token_urlsafe(24)})
     admin = opts.admin_token or secrets.token_urlsafe(24)
     registry = TokenRegistry()
     for tenant, token in tenants.items():

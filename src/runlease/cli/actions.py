@@ -12,7 +12,8 @@ import click
 
 from runlease.cli.output import count
 from runlease.cli.runs import runs
-from runlease.cli.terminal import api_options, client, emit_json, out
+from runlease.cli.terminal import api_options, client, emit_json, label_filters, out, run_id
+from runlease.cli.terminal import run_id as resolve
 from runlease.client import BulkView
 
 STATUSES = ["pending", "leased", "done", "dead", "cancelled"]
@@ -50,9 +51,10 @@ class Selection:
         """Send the bulk action (cancel or redrive) and print what it did."""
         with client(api_url, token) as api:
             send = api.bulk_cancel if action == "cancel" else api.bulk_redrive
-            result = send(list(self.run_ids) or None, status=self.statuses or None,
-                          pool=self.pool, tenant_id=self.tenant_id, label=self.labels,
-                          dry_run=self.dry_run)
+            ids = [run_id(api, given) for given in self.run_ids]
+            result = send(ids or None, status=self.statuses or None,
+                          pool=self.pool, tenant_id=self.tenant_id,
+                          label=label_filters(self.labels), dry_run=self.dry_run)
         _print_bulk(result, as_json)
 
 
@@ -73,7 +75,7 @@ def selection_options(command: Callable[..., None]) -> Callable[..., None]:
     wrapped = click.option("--tenant", "tenant_id",
                            help="Admin: only this tenant's runs.")(wrapped)
     wrapped = click.option("--pool", help="Only runs of this pool.")(wrapped)
-    wrapped = click.option("--label", "labels", multiple=True, metavar="KEY:VALUE",
+    wrapped = click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
                            help="Only runs with this label (repeatable; all must "
                                 "match).")(wrapped)
     wrapped = click.option("--status", "statuses", multiple=True,
@@ -105,7 +107,7 @@ def cancel(api_url: str, token: str, as_json: bool, selection: Selection) -> Non
         selection.send(api_url, token, as_json, "cancel")
         return
     with client(api_url, token) as api:
-        run = api.cancel(selection.run_ids[0])
+        run = api.cancel(run_id(api, selection.run_ids[0]))
     if as_json:
         emit_json(run)
     else:
@@ -131,7 +133,7 @@ def redrive(api_url: str, token: str, as_json: bool, selection: Selection) -> No
 def reprioritize(api_url: str, token: str, as_json: bool, run_id: str, priority: int) -> None:
     """Give a pending run a new priority (within your band in its pool)."""
     with client(api_url, token) as api:
-        run = api.reprioritize(run_id, priority)
+        run = api.reprioritize(resolve(api, run_id), priority)
     if as_json:
         emit_json(run)
     else:

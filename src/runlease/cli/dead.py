@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import click
 
-from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
+from runlease.cli.terminal import (
+    api_options,
+    client,
+    emit_json,
+    out,
+    page_out,
+    run_id,
+    runs_table,
+)
 
 
 @click.group()
@@ -32,7 +40,7 @@ def dead_list(api_url: str, token: str, as_json: bool, pool: str | None, limit: 
 def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...]) -> None:
     """Send dead runs back to the queue, attempts reset."""
     with client(api_url, token) as api:
-        done = [api.redrive(run_id) for run_id in run_ids]
+        done = [api.redrive(run_id(api, given)) for given in run_ids]
     if as_json:
         emit_json(done)
     else:

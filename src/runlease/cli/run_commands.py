@@ -15,7 +15,16 @@ from runlease.cli import terminal
 from runlease.cli.output import count
 from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.cli.runs import runs
-from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
+from runlease.cli.terminal import (
+    api_options,
+    client,
+    emit_json,
+    label_filters,
+    out,
+    page_out,
+    run_id,
+    runs_table,
+)
 from runlease.core.states import RunStatus
 
 BATCH = 1000
@@ -108,7 +117,8 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          budget=budget_obj, idempotency_key=idempotency_key,
                          tenant_id=tenant_id, labels=_labels(labels),
                          run_at=_time(run_at, "--run-at"), delay_s=delay_s,
-                         parent_run_id=parent_run_id, webhook_url=webhook_url,
+                         parent_run_id=parent_run_id and run_id(api, parent_run_id),
+                         webhook_url=webhook_url,
                          **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
@@ -146,7 +156,7 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
 @click.option("--status", "statuses", multiple=True,
               type=click.Choice([s.value for s in RunStatus]), help="Any of (repeatable).")
 @click.option("--pool")
-@click.option("--label", "labels", multiple=True, metavar="KEY:VALUE",
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
               help="All of (repeatable).")
 @click.option("--created-after")
 @click.option("--created-before")
@@ -164,7 +174,7 @@ def list_runs(api_url: str, token: str, as_json: bool, statuses: tuple[str, ...]
     """Runs, newest first, filtered (every filter given must match)."""
     with client(api_url, token) as api:
         page = api.list(status=list(statuses), pool=pool, limit=limit, cursor=cursor,
-                        label=list(labels), idempotency_key=idempotency_key, tenant=tenant,
+                        label=label_filters(labels), idempotency_key=idempotency_key, tenant=tenant,
                         created_after=_time(created_after, "--created-after"),
                         created_before=_time(created_before, "--created-before"),
                         finished_after=_time(finished_after, "--finished-after"),

@@ -20,6 +20,7 @@ from runlease.cli.terminal import (
     page_out,
     runs_table,
 )
+from runlease.cli.terminal import run_id as terminal_run_id
 from runlease.client import RunEnded, StepView, StreamEvent
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -36,7 +37,7 @@ def runs() -> None:
 def show(api_url: str, token: str, as_json: bool, run_id: str) -> None:
     """One run, in full, and its children (the first 20)."""
     with client(api_url, token) as api:
-        run = api.get(run_id)
+        run = api.get(terminal_run_id(api, run_id))
         kids = None if as_json else api.list(parent_run_id=run.id, limit=20)
     if as_json:
         emit_json(run)
@@ -72,7 +73,7 @@ def steps(api_url: str, token: str, as_json: bool, run_id: str, limit: int,
           cursor: str | None) -> None:
     """A run's committed durable steps (what its tools returned), in key order."""
     with client(api_url, token) as api:
-        page = api.steps(run_id, limit=limit, cursor=cursor)
+        page = api.steps(terminal_run_id(api, run_id), limit=limit, cursor=cursor)
     page_out(page, as_json, steps_table)
 
 
@@ -91,7 +92,7 @@ def tail(api_url: str, token: str, as_json: bool, run_id: str, after: int) -> No
     (the API unreachable or refusing)."""
     ended: str | None = None
     with client(api_url, token) as api:
-        for item in api.events(run_id, after=after):
+        for item in api.events(terminal_run_id(api, run_id), after=after):
             if isinstance(item, RunEnded):
                 ended = item.status
             if as_json:

@@ -8,6 +8,7 @@ The API URL and token come from options or RUNLEASE_API_URL / RUNLEASE_TOKEN.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -76,6 +77,38 @@ def client(api_url: str, token: str) -> Iterator[Client]:
 
 
 jsonable = printing.jsonable
+
+
+def label_filters(items: tuple[str, ...]) -> list[str]:
+    """--label filters: `key=value` as kubectl's selectors (`key:value`,
+    the API's older spelling, is accepted too)."""
+    for item in items:
+        if "=" not in item and ":" not in item:
+            raise click.BadParameter(f"{item!r}: give key=value", param_hint="--label")
+    return list(items)
+
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?"
+                   r"[0-9a-fA-F]{12}$")
+
+
+def run_id(api: Client, given: str) -> str:
+    """A run id, or a unique start of one (at least 8 hex digits), as git and
+    docker take a short id; the whole id, or an error that ends the command."""
+    if _UUID.match(given):
+        return given
+    if len(given.replace("-", "")) < 8 or not re.fullmatch(r"[0-9a-fA-F-]{8,36}", given):
+        raise click.BadParameter(f"{given!r}: a run id, or at least its first 8 hex digits",
+                                 param_hint="RUN_ID")
+    found = api.list(id_prefix=given, limit=2).items
+    if not found:
+        click.echo(f"error: no run of yours has an id starting with {given}", err=True)
+        sys.exit(1)
+    if len(found) > 1:
+        click.echo(f"error: {given} starts the ids of several runs ({found[0].id}, "
+                   f"{found[1].id}, ...); give more of it", err=True)
+        sys.exit(1)
+    return str(found[0].id)
 
 
 def emit_json(value: Any) -> None:
