@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,7 +67,8 @@ def postgres_pids(data_dir: Path) -> set[int]:
 
 
 class Dev:
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers
         self.dir = Path(tempfile.mkdtemp(prefix="runlease-dev-test-"))
         self.dir.chmod(0o755)
         self.port = free_port()
@@ -80,7 +82,7 @@ class Dev:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "runlease", "dev", "--data-dir", str(self.dir / "data"),
-                 "--port", str(self.port), "--workers", "1",
+                 "--port", str(self.port), "--workers", str(self.workers),
                  "--token", f"acme={TENANT_TOKEN}", "--admin-token", ADMIN_TOKEN],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         until_sync(self.ready, timeout_s=60, what="runlease dev to serve")
@@ -207,3 +209,50 @@ def test_a_second_dev_in_the_same_folder_is_refused_and_stops_nothing(dev: Dev) 
     run = dev.json("runs", "submit", "--input", json.dumps({"steps": []}))
     until_sync(lambda: dev.json("runs", "show", run["id"])["status"] == "done",
                what="a run served after the refused second stack")
+
+
+README_AGENT = """\
+async def agent(ctx):
+    return {"by": "my own agent", "input": ctx.input}
+"""
+
+
+def test_the_readme_own_agent_path() -> None:
+    """README: `runlease dev --workers 0`, then `runlease worker --agent
+    mymodule:agent --pool default --database-url <the banner's database>`
+    in mymodule.py's folder. Every run goes to that agent (with the dev
+    stack's own script-agent workers on `default`, 7 of 8 went to them)."""
+    readme = (ROOT / "README.md").read_text()
+    assert ".venv/bin/runlease dev --workers 0" in readme
+    assert "runlease worker --agent mymodule:agent --pool default" in readme
+    assert "--database-url" in readme
+    stack = Dev(workers=0)
+    stack.start()
+    folder = stack.dir / "mine"
+    folder.mkdir()
+    (folder / "mymodule.py").write_text(README_AGENT)
+    database = re.search(r"^database +(\S+)$", stack.log.read_text(), re.M)
+    assert database, stack.log.read_text()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RUNLEASE_") and k != "DATABASE_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    worker = subprocess.Popen(
+        [sys.executable, "-P", "-m", "runlease", "worker", "--agent", "mymodule:agent",
+         "--pool", "default", "--database-url", database.group(1), "--metrics-port", "0"],
+        cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        runs = [stack.json("runs", "submit", "--input", json.dumps({"n": i}))["id"]
+                for i in range(8)]
+        for run_id in runs:
+            until_sync(lambda r=run_id: stack.json("runs", "show", r)["status"] == "done",
+                       what="a run done by the README's own agent")
+        results = [stack.json("runs", "show", r)["result"] for r in runs]
+        assert results == [{"by": "my own agent", "input": {"n": i}} for i in range(8)]
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        assert stack.proc is not None
+        stack.proc.send_signal(signal.SIGINT)
+        stack.proc.wait(60)
+        for pid in postgres_pids(stack.dir):
+            os.kill(pid, signal.SIGKILL)
