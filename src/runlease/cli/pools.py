@@ -131,7 +131,8 @@ def pools_upsert(api_url: str, token: str, as_json: bool, name: str,
                  priority_aging_s: int | None, tool_env: str | None,
                  limits: tuple[str, ...], bands: tuple[str, ...],
                  rates: tuple[str, ...] = ()) -> None:
-    """Create or update a pool (also: `pools set`). Only what is given changes:
+    """Create or update a pool (`pools set` and `pools upsert` are one command).
+    Only what is given changes:
     settings and tenants left out keep their current values (a new pool starts
     from the defaults); TENANT=none removes a tenant's setting."""
     given: dict[str, Any] = {k: v for k, v in (
