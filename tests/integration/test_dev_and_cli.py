@@ -160,6 +160,17 @@ def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> 
 
     dead = dev.json("runs", "submit", "--input", json.dumps({"steps": [{"fail": "fatal"}]}))
     until_sync(lambda: dev.json("runs", "show", dead["id"])["status"] == "dead")
+    # As a user in a shell (issue 31): a pipe greps whole rows, tail exits by how
+    # the run ended, the start of an id names it, a bare bulk cancel is refused.
+    piped = dev.cli("runs", "list").stdout.splitlines()
+    assert [line.split()[:2] for line in piped if " dead " in line] == [[dead["id"], "dead"]]
+    assert all(len(line) <= 80 for line in piped), piped
+    assert dev.cli("runs", "tail", dead["id"]).returncode == 3
+    assert dev.json("runs", "show", dead["id"][:23])["id"] == dead["id"]
+    bare = dev.cli("runs", "cancel")
+    assert bare.returncode == 2
+    assert "--all" in bare.stderr
+    assert dev.cli("runs", "list", "-o", "name").stdout.split()[0] == dead["id"]
     letters = dev.json("dead", "list", token=ADMIN_TOKEN)
     assert [r["id"] for r in letters["items"]] == [dead["id"]]
     assert dev.cli("dead", "list").returncode == 1  # a tenant is not admin
