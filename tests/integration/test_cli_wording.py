@@ -28,6 +28,9 @@ async def test_counts_and_verbs_read_right(ui: Api, live_store: RunStore,
     await live_store.fail(lease, "refused", "no")
     dry = await invoke(ui, "admin", "runs", "redrive", "--all", "--dry-run")
     assert "dry run: 1 run would be redriven" in dry.output
+    dead_dry = await invoke(ui, "admin", "dead", "redrive", str(lease.run_id), "--dry-run")
+    assert "dry run: 1 run would be redriven" in dead_dry.output
+    assert (await live_store.get(lease.run_id)).status == "dead"
     cancel = await invoke(ui, "acme", "runs", "cancel", "--all", "--dry-run")
     assert "dry run: 0 runs would be cancelled" in cancel.output
     one = tmp_path / "one.jsonl"
