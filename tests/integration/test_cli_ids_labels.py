@@ -91,8 +91,9 @@ async def test_console_search_finds_a_run_by_the_start_of_its_id(
 async def test_labels_are_key_equals_value_everywhere(api: Api, live_store: RunStore) -> None:
     await live_store.enqueue_many("default", [
         NewRun("acme", {}, labels={"team": v}) for v in ("search", "ads", "a=b:c")])
-    for spelling in ("team=search", "team:search"):
-        listed = await invoke(api, "acme", "runs", "list", "--label", spelling, "-o", "json")
+    for option, spelling in (("--label", "team=search"), ("--label", "team:search"),
+                             ("-l", "team=search")):
+        listed = await invoke(api, "acme", "runs", "list", option, spelling, "-o", "json")
         assert listed.exit_code == 0, listed.output
         assert [r["labels"] for r in json.loads(listed.stdout)["items"]] == [
             {"team": "search"}]
@@ -102,7 +103,7 @@ async def test_labels_are_key_equals_value_everywhere(api: Api, live_store: RunS
     bad = await invoke(api, "acme", "runs", "list", "--label", "team")
     assert bad.exit_code == 2
     assert "key=value" in bad.output
-    dry = await invoke(api, "acme", "runs", "cancel", "--label", "team=ads", "--dry-run")
+    dry = await invoke(api, "acme", "runs", "cancel", "-l", "team=ads", "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert "dry run: 1 run would be cancelled" in dry.output
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:

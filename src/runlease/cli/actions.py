@@ -75,7 +75,7 @@ def selection_options(command: Callable[..., None]) -> Callable[..., None]:
     wrapped = click.option("--tenant", "tenant_id",
                            help="Admin: only this tenant's runs.")(wrapped)
     wrapped = click.option("--pool", help="Only runs of this pool.")(wrapped)
-    wrapped = click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+    wrapped = click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE",
                            help="Only runs with this label (repeatable; all must "
                                 "match).")(wrapped)
     wrapped = click.option("--status", "statuses", multiple=True,

@@ -156,8 +156,8 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
 @click.option("--status", "statuses", multiple=True,
               type=click.Choice([s.value for s in RunStatus]), help="Any of (repeatable).")
 @click.option("--pool")
-@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
-              help="All of (repeatable).")
+@click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="All of (repeatable), as kubectl's -l.")
 @click.option("--created-after")
 @click.option("--created-before")
 @click.option("--finished-after")
