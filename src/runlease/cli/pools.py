@@ -21,6 +21,7 @@ def pools() -> None:
 @pools.command("list")
 @api_options
 def pools_list(api_url: str, token: str, as_json: bool) -> None:
+    """Pools, their settings and tenant limits (-o wide: every setting)."""
     with client(api_url, token) as api:
         items = api.pools()
     if as_json:
