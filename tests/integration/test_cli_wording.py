@@ -35,6 +35,9 @@ async def test_counts_and_verbs_read_right(ui: Api, live_store: RunStore,
     assert "dry run: 0 runs would be cancelled" in cancel.output
     one = tmp_path / "one.jsonl"
     one.write_text('{"input": {"delay": true}, "delay_s": 600}\n')
+    dry_file = await invoke(ui, "acme", "runs", "submit", "--file", str(one), "--dry-run")
+    assert "dry run: 1 run would be submitted" in dry_file.output
+    assert len(await live_store.list_runs()) == 1  # the dead one only
     submitted = await invoke(ui, "acme", "runs", "submit", "--file", str(one))
     assert "submitted 1 run\n" in submitted.output
     helped = CliRunner().invoke(cli, ["pools", "set", "--help"])
