@@ -1,8 +1,10 @@
 """The test suite's fixtures, registered once here as plugins from tests/support/:
 
     databases.py  a real PostgreSQL: db_url, empty_db_url, store, live_store, clock
-    api.py        the API served in the test's loop: api, ui (with the console)
-    pgbouncer.py  a real PgBouncer (transaction pooling) in front of it: pgbouncer, bouncer_url
+    api_fixtures.py        the API served in the test's loop: api, ui (with the console)
+    pgbouncer_fixtures.py  a real PgBouncer (transaction pooling) in front of it:
+                           pgbouncer, bouncer_url
 """
 
-pytest_plugins = ("tests.support.databases", "tests.support.api", "tests.support.pgbouncer")
+pytest_plugins = ("tests.support.databases", "tests.support.api_fixtures",
+                  "tests.support.pgbouncer_fixtures")

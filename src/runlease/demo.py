@@ -49,12 +49,14 @@ PLANS: dict[str, list[tuple[str, dict[str, Any]]]] = {
 
 def table(runs: dict[str, tuple[str, RunView]], title: str) -> Table:
     t = Table(title=title)
-    for column in ("run", "tenant", "kind", "status", "attempt", "events", "error"):
+    # Whole ids: what `runlease runs show` and the console's search take.
+    t.add_column("run", no_wrap=True, min_width=36)
+    for column in ("tenant", "kind", "status", "attempt", "events", "error"):
         t.add_column(column)
     colors = {"done": "green", "dead": "red", "cancelled": "yellow", "leased": "cyan",
               "pending": "white"}
     for kind, run in runs.values():
-        t.add_row(str(run.id)[-12:], run.tenant_id, kind,
+        t.add_row(str(run.id), run.tenant_id, kind,
                   f"[{colors[run.status]}]{run.status}[/]", f"{run.attempts}/{run.max_attempts}",
                   str(run.last_event_seq), run.error_code or "")
     return t

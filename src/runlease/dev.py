@@ -31,6 +31,7 @@ from runlease.api.app import create_app
 from runlease.api.auth import ADMIN, TokenRegistry
 from runlease.api.server import ApiServer, bind_socket
 from runlease.db.embedded import EmbeddedPostgres
+from runlease.db.folder_lock import FolderLock
 from runlease.db.migrate import migrate
 from runlease.settings import ApiSettings
 
@@ -99,7 +100,10 @@ class WorkerFleet:
 
 
 def tokens_for(opts: DevOptions) -> tuple[TokenRegistry, dict[str, str], str]:
-    tenants = dict(opts.tenant_tokens) or {"demo": secrets.token_urlsafe(24)}
+    # Under --demo the demo's own tenants come first (the banner's `try curl`
+    # uses the first): a tenant "demo" would own none of its runs.
+    tenants = dict(opts.tenant_tokens) or ({} if opts.demo
+                                           else {"demo": secrets.token_urlsafe(24)})
     admin = opts.admin_token or secrets.token_urlsafe(24)
     registry = TokenRegistry()
     for tenant, token in tenants.items():
@@ -112,6 +116,14 @@ async def run_dev(opts: DevOptions, echo: Echo) -> int:
     # The port first: when it is taken, say so before starting anything.
     sock = bind_socket(opts.host, opts.port, option="--port")
     opts.data_dir.mkdir(parents=True, exist_ok=True)
+    # The folder's owner, before its server is started or reused: a second
+    # stack in this folder is refused here, not left to stop our database.
+    with FolderLock(opts.data_dir, command="runlease dev") as lock:
+        return await _run_dev(opts, echo, sock, lock)
+
+
+async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
+                   lock: FolderLock) -> int:
     server: EmbeddedPostgres | None = None
     url = opts.database_url
     if url is None:
@@ -131,6 +143,7 @@ async def run_dev(opts: DevOptions, echo: Echo) -> int:
                             opts.data_dir)
         fleet.start()
         base = f"http://{opts.host}:{api.port}"
+        lock.describe(api=base)
         banner(echo, base, url, opts, tenants, admin)
         stop = stop_on_signals(echo, fleet, api)
         if opts.demo:

@@ -480,6 +480,8 @@ def test_existing_secrets_are_only_referenced(rendered: Render) -> None:
     assert api["RUNLEASE_ADMIN_TOKENS"]["secretKeyRef"]["key"] == "RUNLEASE_ADMIN_TOKENS"
     assert api["RUNLEASE_STREAM_TOKEN_SECRET"] == {"secretKeyRef": {
         "name": "runlease-api-stream", "key": "signing-key"}}
+    assert api["RUNLEASE_CONSOLE_SECRET"] == {"secretKeyRef": {
+        "name": "runlease-api-console", "key": "session-key"}}
     job = one(docs, "Job", "-migrate")
     job_env = _env(job["spec"]["template"]["spec"]["containers"][0])
     assert job_env["RUNLEASE_DATABASE_URL"] == api["RUNLEASE_DATABASE_URL"]
@@ -488,6 +490,23 @@ def test_existing_secrets_are_only_referenced(rendered: Render) -> None:
     operator = one(docs, "Deployment", "-operator")["spec"]["template"]["spec"]
     assert operator["serviceAccountName"] == "runlease-operator"
     assert operator["imagePullSecrets"] == [{"name": "registry"}]
+
+
+def test_api_replicas_share_one_console_secret(rendered: Render) -> None:
+    """docs/console.md: every replica signs sessions with the same key, or a
+    sign-in made on one pod is refused by the other. The chart used to set
+    none, so each pod made its own."""
+    docs = rendered([values("minimal")], ["api.replicas=2"])
+    deployment = one(docs, "Deployment", "-api")
+    assert deployment["spec"]["replicas"] == 2
+    secret = one(docs, "Secret", "-api-console")
+    # Both replicas are pods of this one template: one reference, one key.
+    env = _env(_container(deployment))
+    assert env["RUNLEASE_CONSOLE_SECRET"] == {"secretKeyRef": {
+        "name": secret["metadata"]["name"], "key": "console-secret"}}
+    assert len(base64.b64decode(secret["data"]["console-secret"])) == 48
+    # Not the stream tokens' key: each secret signs one kind of thing.
+    assert secret["data"] != one(docs, "Secret", "-api-stream")["data"]
 
 
 def test_migrations_run_as_a_pre_install_and_pre_upgrade_hook(rendered: Render) -> None:

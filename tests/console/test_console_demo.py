@@ -90,3 +90,13 @@ def test_demo_prints_a_url_and_tokens_that_sign_in_and_show_runs_live(
         assert 'id="attempts"' in run.text
         # Another tenant's demo runs are not acme's to see.
         assert "globex" not in client.get("/ui/runs").text
+    # The banner's `try curl` is a tenant that owns demo runs (not an empty list).
+    assert printed(demo_log, r"^try +curl -H 'Authorization: Bearer (\S+)'") == acme
+    tried = httpx.get(f"{base}/v1/runs", headers={"Authorization": f"Bearer {acme}"})
+    assert len(tried.json()["items"]) == 4
+    # The ids the demo prints are whole: `runs show` and the console take them.
+    until_sync(lambda: "dead letters (admin view)" in demo_log.read_text(errors="replace"),
+               timeout_s=120, what="the demo's summary")
+    shown = set(re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                           demo_log.read_text(errors="replace")))
+    assert {r["id"] for r in tried.json()["items"]} <= shown

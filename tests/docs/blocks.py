@@ -99,3 +99,26 @@ def blocks(paths: list[Path] | None = None) -> list[Block]:
 
 def command_blocks(kind: str | None = None) -> list[Block]:
     return [b for b in blocks() if b.lang in COMMAND_LANGS and (kind is None or b.kind == kind)]
+
+
+def fence_problems(path: Path) -> list[str]:
+    """Code blocks that are not closed: an opening fence (one with a
+    language) where the open block's closing one should be, or a block still
+    open at the end. Markdown then renders the prose after it as code (a
+    heading included), and blocks() pairs the wrong fences."""
+    problems = []
+    opened: int | None = None
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.startswith("```"):
+            continue
+        if opened is None:
+            opened = n
+        elif line.strip() != "```":
+            problems.append(f"{path.relative_to(ROOT)}:{opened}: a block not closed before "
+                            f"line {n} ({line.strip()!r} opens another)")
+            opened = n
+        else:
+            opened = None
+    if opened is not None:
+        problems.append(f"{path.relative_to(ROOT)}:{opened}: a block not closed by the end")
+    return problems

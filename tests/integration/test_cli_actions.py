@@ -66,7 +66,10 @@ async def test_redrive_by_ids_and_by_pool(api: Api, live_store: RunStore) -> Non
     leases = await live_store.claim("default", "test-worker", 3)
     for lease in leases:
         await live_store.fail(lease, "refused", "no")
-    one = await as_json(api, "acme", "runs", "redrive", str(leases[0].run_id))
+    refused = await invoke(api, "acme", "runs", "redrive", str(leases[0].run_id))
+    assert refused.exit_code == 1
+    assert "403 forbidden" in refused.output
+    one = await as_json(api, "admin", "runs", "redrive", str(leases[0].run_id))
     assert one["affected"] == 1
     rest = await invoke(api, "admin", "runs", "redrive", "--pool", "default", "--tenant",
                         "acme")
@@ -88,3 +91,26 @@ async def test_reprioritize_and_submit_with_a_retry_policy(api: Api) -> None:
                            "--non-retryable", "Not A Code")
     assert refused.exit_code == 1
     assert "non_retryable_codes" in refused.output
+
+
+async def test_a_bare_bulk_action_is_refused_without_all(api: Api, live_store: RunStore) -> None:
+    """As kubectl refuses `delete pods` without --all or a selector: no ids
+    and no filter used to cancel every pending and leased run of the token
+    (an admin's: of every tenant)."""
+    await live_store.enqueue_many("default", [NewRun("acme", {}) for _ in range(2)])
+    await live_store.enqueue("default", "globex", {})
+    for who, verb in (("acme", "cancel"), ("admin", "cancel"), ("admin", "redrive")):
+        bare = await invoke(api, who, "runs", verb)
+        assert bare.exit_code == 2, bare.output
+        assert "--all" in bare.output
+    assert len(await live_store.list_runs(status="pending")) == 3
+    both = await invoke(api, "acme", "runs", "cancel", "--all", "00000000-0000-0000-0000-0")
+    assert both.exit_code == 2
+    assert "not both" in both.output
+    dry = await invoke(api, "acme", "runs", "cancel", "--all", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "dry run: 2 runs would be cancelled" in dry.output
+    assert len(await live_store.list_runs(status="pending")) == 3
+    done = await as_json(api, "acme", "runs", "cancel", "--all")
+    assert (done["matched"], done["affected"]) == (2, 2)
+    assert [r.tenant_id for r in await live_store.list_runs(status="pending")] == ["globex"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,7 +67,8 @@ def postgres_pids(data_dir: Path) -> set[int]:
 
 
 class Dev:
-    def __init__(self) -> None:
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers
         self.dir = Path(tempfile.mkdtemp(prefix="runlease-dev-test-"))
         self.dir.chmod(0o755)
         self.port = free_port()
@@ -80,7 +82,7 @@ class Dev:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "runlease", "dev", "--data-dir", str(self.dir / "data"),
-                 "--port", str(self.port), "--workers", "1",
+                 "--port", str(self.port), "--workers", str(self.workers),
                  "--token", f"acme={TENANT_TOKEN}", "--admin-token", ADMIN_TOKEN],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         until_sync(self.ready, timeout_s=60, what="runlease dev to serve")
@@ -158,6 +160,17 @@ def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> 
 
     dead = dev.json("runs", "submit", "--input", json.dumps({"steps": [{"fail": "fatal"}]}))
     until_sync(lambda: dev.json("runs", "show", dead["id"])["status"] == "dead")
+    # As a user in a shell (issue 31): a pipe greps whole rows, tail exits by how
+    # the run ended, the start of an id names it, a bare bulk cancel is refused.
+    piped = dev.cli("runs", "list").stdout.splitlines()
+    assert [line.split()[:2] for line in piped if " dead " in line] == [[dead["id"], "dead"]]
+    assert all(len(line) <= 80 for line in piped), piped
+    assert dev.cli("runs", "tail", dead["id"]).returncode == 3
+    assert dev.json("runs", "show", dead["id"][:23])["id"] == dead["id"]
+    bare = dev.cli("runs", "cancel")
+    assert bare.returncode == 2
+    assert "--all" in bare.stderr
+    assert dev.cli("runs", "list", "-o", "name").stdout.split()[0] == dead["id"]
     letters = dev.json("dead", "list", token=ADMIN_TOKEN)
     assert [r["id"] for r in letters["items"]] == [dead["id"]]
     assert dev.cli("dead", "list").returncode == 1  # a tenant is not admin
@@ -182,3 +195,75 @@ def test_dev_serves_runs_through_the_cli_and_leaves_nothing_behind(dev: Dev) -> 
     until_sync(lambda: not any(alive(p) for p in children | servers), timeout_s=10,
                what="every process of runlease dev to exit")
     assert not postgres_pids(dev.dir)
+
+
+def test_a_second_dev_in_the_same_folder_is_refused_and_stops_nothing(dev: Dev) -> None:
+    """It used to reuse the first stack's PostgreSQL and stop it on exit,
+    leaving the first answering 503."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    env.pop("DATABASE_URL", None)
+    data = str(dev.dir / "data")
+    second = subprocess.run(
+        [sys.executable, "-m", "runlease", "dev", "--data-dir", data, "--port",
+         str(free_port()), "--workers", "0"],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert second.returncode == 1, second
+    assert "Traceback" not in second.stderr
+    assert f"is in use by runlease dev (pid {dev.proc.pid if dev.proc else 0}, API {dev.url})" \
+        in second.stderr
+    assert "--data-dir" in second.stderr
+    # `migrate` in the folder uses the running server and leaves it running.
+    migrated = subprocess.run([sys.executable, "-m", "runlease", "migrate", "--data-dir", data],
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert migrated.returncode == 0, migrated.stderr
+    assert dev.ready()
+    run = dev.json("runs", "submit", "--input", json.dumps({"steps": []}))
+    until_sync(lambda: dev.json("runs", "show", run["id"])["status"] == "done",
+               what="a run served after the refused second stack")
+
+
+README_AGENT = """\
+async def agent(ctx):
+    return {"by": "my own agent", "input": ctx.input}
+"""
+
+
+def test_the_readme_own_agent_path() -> None:
+    """README: `runlease dev --workers 0`, then `runlease worker --agent
+    mymodule:agent --pool default --database-url <the banner's database>`
+    in mymodule.py's folder. Every run goes to that agent (with the dev
+    stack's own script-agent workers on `default`, 7 of 8 went to them)."""
+    readme = (ROOT / "README.md").read_text()
+    assert ".venv/bin/runlease dev --workers 0" in readme
+    assert "runlease worker --agent mymodule:agent --pool default" in readme
+    assert "--database-url" in readme
+    stack = Dev(workers=0)
+    stack.start()
+    folder = stack.dir / "mine"
+    folder.mkdir()
+    (folder / "mymodule.py").write_text(README_AGENT)
+    database = re.search(r"^database +(\S+)$", stack.log.read_text(), re.M)
+    assert database, stack.log.read_text()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RUNLEASE_") and k != "DATABASE_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    worker = subprocess.Popen(
+        [sys.executable, "-P", "-m", "runlease", "worker", "--agent", "mymodule:agent",
+         "--pool", "default", "--database-url", database.group(1), "--metrics-port", "0"],
+        cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        runs = [stack.json("runs", "submit", "--input", json.dumps({"n": i}))["id"]
+                for i in range(8)]
+        for run_id in runs:
+            until_sync(lambda r=run_id: stack.json("runs", "show", r)["status"] == "done",
+                       what="a run done by the README's own agent")
+        results = [stack.json("runs", "show", r)["result"] for r in runs]
+        assert results == [{"by": "my own agent", "input": {"n": i}} for i in range(8)]
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        assert stack.proc is not None
+        stack.proc.send_signal(signal.SIGINT)
+        stack.proc.wait(60)
+        for pid in postgres_pids(stack.dir):
+            os.kill(pid, signal.SIGKILL)

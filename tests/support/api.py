@@ -1,5 +1,6 @@
-"""The API served for real (uvicorn on a free port) inside the test's loop; a
-pytest plugin (tests/conftest.py) with the `api` fixture."""
+"""The API served for real (uvicorn on a free port) inside the test's loop.
+Its fixtures `api` and `ui` are in api_fixtures.py (the pytest plugin): this
+module imports no pytest, so bench/ uses it with `.[bench]` alone."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-
-import pytest
 
 from runlease.api.app import create_app
 from runlease.api.auth import ADMIN, TokenRegistry
@@ -61,17 +60,3 @@ async def serve_api(db_url: str, **settings: Any) -> AsyncIterator[Api]:
 
 
 CONSOLE_SECRET = "console-test-secret-0123456789"
-
-
-@pytest.fixture
-async def ui(db_url: str) -> AsyncIterator[Api]:
-    """The API with its console, sessions signed with CONSOLE_SECRET."""
-    async with serve_api(db_url, console_secret=CONSOLE_SECRET) as served:
-        yield served
-
-
-@pytest.fixture
-async def api(db_url: str) -> AsyncIterator[Api]:
-    """The API on this test's database, with the tenants of TOKENS and an admin."""
-    async with serve_api(db_url) as served:
-        yield served

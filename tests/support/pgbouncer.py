@@ -1,6 +1,7 @@
-"""A real PgBouncer in front of the test PostgreSQL (a pytest plugin, registered
-once in tests/conftest.py): `pgbouncer` (the session's bouncer) and
-`bouncer_url` (the test's fresh database, through it).
+"""A real PgBouncer in front of the test PostgreSQL. Its fixtures, in
+pgbouncer_fixtures.py (a pytest plugin registered in tests/conftest.py), are
+`pgbouncer` (the session's bouncer) and `bouncer_url` (the test's fresh
+database, through it); this module imports no pytest, for bench/.
 
 Debian's `pgbouncer` (scripts/install-tools installs it) runs in transaction
 pooling mode, as production deployments behind it do: each transaction may
@@ -29,7 +30,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from psycopg import conninfo
 
 from tests.support.pg import port_outside_the_ephemeral_range
@@ -163,23 +163,3 @@ def running_pgbouncer(server_url: str, **kwargs: object) -> Iterator[PgBouncer]:
         yield bouncer
     finally:
         bouncer.stop()
-
-
-@pytest.fixture(scope="session")
-def pgbouncer(server_url: str) -> Iterator[PgBouncer]:
-    """The session's PgBouncer, transaction pooling, in front of its server."""
-    try:
-        bouncer = PgBouncer(server_url)
-    except FileNotFoundError as exc:
-        pytest.fail(str(exc))
-    bouncer.start()
-    try:
-        yield bouncer
-    finally:
-        bouncer.stop()
-
-
-@pytest.fixture
-def bouncer_url(pgbouncer: PgBouncer, db_url: str) -> str:
-    """The test's fresh database (db_url, still the direct URL) through PgBouncer."""
-    return pgbouncer.url(db_url)

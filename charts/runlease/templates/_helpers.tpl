@@ -121,6 +121,10 @@ app.kubernetes.io/component: {{ . }}
 {{- end }}
 {{- end }}
 
+{{- define "runlease.consoleSecret" -}}
+{{- default (printf "%s-api-console" (include "runlease.fullname" .)) .Values.api.consoleSecret.existingSecret }}
+{{- end }}
+
 {{- define "runlease.streamTokenSecret" -}}
 {{- default (printf "%s-api-stream" (include "runlease.fullname" .)) .Values.api.streamTokenSecret.existingSecret }}
 {{- end }}

@@ -2,8 +2,10 @@
 
 Tenant-scoped like every route: a tenant's ids and filters reach its own
 runs only (another tenant's run is not matched, exactly like one that does
-not exist). Each run an action changes gets an audit event naming who asked
-and the operation's id."""
+not exist). Redrive is an operator's decision (a dead run failed through
+every attempt): admin only, by one id or many, as everywhere else. Each
+run an action changes gets an audit event naming who asked and the
+operation's id."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from fastapi import APIRouter
 
 from runlease.api.actions_schemas import BulkIn, BulkOut, RunFilterIn, RunPatch
 from runlease.api.auth import Principal
-from runlease.api.deps import JsonBody, Store, Who
+from runlease.api.deps import Admin, JsonBody, Store, Who
 from runlease.api.errors import ErrorAnswer
 from runlease.api.schemas import ErrorBody, RunOut
 from runlease.api.search import run_filter
@@ -72,11 +74,12 @@ async def bulk_cancel(body: BulkIn, who: Who, store: Store) -> BulkOut:
 
 
 @router.post("/runs/redrive", response_model=BulkOut, dependencies=[JsonBody],
-             responses=BODY_ERRORS)
-async def bulk_redrive(body: BulkIn, who: Who, store: Store) -> BulkOut:
-    """Send many dead runs back to pending, attempts reset: those named by
-    `ids` or matched by `filter` (runs that are not dead are left alone).
-    `dry_run` counts and changes nothing."""
+             responses={**BODY_ERRORS, 403: {"model": ErrorBody,
+                                              "description": "Not an admin token."}})
+async def bulk_redrive(body: BulkIn, who: Admin, store: Store) -> BulkOut:
+    """Send many dead runs back to pending, attempts reset (admin, as the
+    single redrive): those named by `ids` or matched by `filter` (runs that
+    are not dead are left alone). `dry_run` counts and changes nothing."""
     return await _bulk("redrive", body, who, store)
 
 

@@ -53,9 +53,10 @@ class RunFilterIn(Strict):
                              pattern=POOL_PATTERN, examples=["default"])
     label: list[Annotated[str, StringConstraints(
         min_length=3, max_length=LABEL_FILTER_MAX_CHARS, pattern=LABEL_FILTER_PATTERN)]] | None = (
-        Field(None, max_length=run_options.LABELS_MAX, description="`key:value` labels, all "
+        Field(None, max_length=run_options.LABELS_MAX, description="`key=value` (or "
+                                                                  "`key:value`) labels, all "
                                                                   "must match.",
-              examples=[["agent_version:1.4.2"]]))
+              examples=[["agent_version=1.4.2"]]))
     created_after: Time | None = Field(None, examples=["2026-12-01T00:00:00Z"])
     created_before: Time | None = None
     finished_after: Time | None = None

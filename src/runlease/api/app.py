@@ -9,11 +9,13 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -46,6 +48,7 @@ from runlease.errors import RunleaseError, SettingsError
 from runlease.services.listener import Listener
 from runlease.settings import ApiSettings
 
+FAVICON = resources.files("runlease.api.console").joinpath("static/favicon.svg").read_bytes()
 log = logging.getLogger(__name__)
 
 READY_CHECK_S = 0.5  # /readyz answers within 1 s, well inside a probe's timeout
@@ -205,7 +208,10 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
             await live.waker.close()
             await conn_pool.close()
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc from assets in the fastapi-offline wheel,
+    # not a CDN: they work offline and in air-gapped clusters.
+    app = FastAPIOffline(
+        static_url="/docs-static", favicon_url="/favicon.ico",
         title="runlease", version=__version__, lifespan=lifespan, responses=COMMON_ERRORS,
         description="A durable run queue for long-running AI agent runs. Every route takes "
                     "`Authorization: Bearer <token>`; a token belongs to one tenant or to "
@@ -234,6 +240,12 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
                        large={"/v1/runs/batch": settings.max_batch_request_bytes})
 
     app.add_middleware(RequestMetrics)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        # What a browser asks every page for (the console links it too).
+        return Response(FAVICON, media_type="image/svg+xml",
+                        headers={"Cache-Control": "public, max-age=86400"})
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

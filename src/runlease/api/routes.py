@@ -33,6 +33,7 @@ from runlease.api.schemas import (
     run_page_json,
 )
 from runlease.api.search import (
+    IdPrefixQ,
     KeyQ,
     LabelQ,
     PoolQ,
@@ -168,14 +169,16 @@ async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ 
                     created_before: TimeQ = None, finished_after: TimeQ = None,
                     finished_before: TimeQ = None, idempotency_key: KeyQ = None,
                     tenant: TenantQ = None, limit: Limit = 50,
-                    cursor: UUID | None = None, parent_run_id: UUID | None = None) -> Response:
+                    cursor: UUID | None = None, parent_run_id: UUID | None = None,
+                    id_prefix: IdPrefixQ = None) -> Response:
     """Runs, newest first, filtered (every filter given must match); pass
     `next_cursor` back as `cursor` for the next page (stable while runs are
-    added: new runs never shift a page). `parent_run_id`: that run's children."""
+    added: new runs never shift a page). `parent_run_id`: that run's children;
+    `id_prefix`: the runs whose id starts with it."""
     f = run_filter(who, status=status, pool=pool, label=label, created_after=created_after,
                    created_before=created_before, finished_after=finished_after,
                    finished_before=finished_before, idempotency_key=idempotency_key,
-                   tenant=tenant, parent_run_id=parent_run_id)
+                   tenant=tenant, parent_run_id=parent_run_id, id_prefix=id_prefix)
     # The page's JSON text comes rendered from the database (db/run_json.py).
     return Response(await store.search_page(f, admin=who.admin, limit=limit, before=cursor),
                     media_type="application/json")

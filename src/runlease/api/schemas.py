@@ -184,7 +184,7 @@ class RunCreate(RunSettings):
         description=f"A string map (at most {run_options.LABELS_MAX} labels; keys "
                     f"1-{run_options.LABEL_KEY_MAX_CHARS} characters, values at most "
                     f"{run_options.LABEL_VALUE_MAX_CHARS}) to find runs by "
-                    "(`GET /v1/runs?label=key:value`).",
+                    "(`GET /v1/runs?label=key=value`).",
         examples=[{"team": "search", "suite": "nightly-eval"}],
         json_schema_extra=_label_keys)
     run_at: Annotated[AwareDatetime, BeforeValidator(not_a_number)] | None = Field(

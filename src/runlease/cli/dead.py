@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import click
 
-from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
+from runlease.cli.output import count
+from runlease.cli.terminal import (
+    api_options,
+    client,
+    emit_json,
+    out,
+    page_out,
+    run_id,
+    runs_table,
+)
 
 
 @click.group()
@@ -23,16 +32,28 @@ def dead_list(api_url: str, token: str, as_json: bool, pool: str | None, limit: 
     """Runs that ended dead."""
     with client(api_url, token) as api:
         page = api.dead_letters(pool=pool, limit=limit, cursor=cursor)
-    page_out(page, as_json, lambda runs: runs_table(runs, "dead letters"))
+    page_out(page, as_json, runs_table)
 
 
 @dead.command("redrive")
 @api_options
 @click.argument("run_ids", nargs=-1, required=True)
-def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...]) -> None:
-    """Send dead runs back to the queue, attempts reset."""
+@click.option("--dry-run", is_flag=True, help="Count the dead runs it would redrive; "
+                                               "change none.")
+def redrive(api_url: str, token: str, as_json: bool, run_ids: tuple[str, ...],
+            dry_run: bool) -> None:
+    """Send dead runs back to the queue, attempts reset (one call a run: a
+    run that is not dead is an error; `runs redrive` skips it instead)."""
     with client(api_url, token) as api:
-        done = [api.redrive(run_id) for run_id in run_ids]
+        ids = [run_id(api, given) for given in run_ids]
+        if dry_run:
+            counted = api.bulk_redrive(ids, dry_run=True)
+            if as_json:
+                emit_json(counted)
+            else:
+                out(f"dry run: {count(counted.matched, 'run')} would be redriven")
+            return
+        done = [api.redrive(one) for one in ids]
     if as_json:
         emit_json(done)
     else:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.table import Table
 
+from runlease.cli import output as printing
 from runlease.cli.terminal import api_options, client, emit_json, out
 from runlease.client import ApiError
 
@@ -21,25 +21,30 @@ def pools() -> None:
 @pools.command("list")
 @api_options
 def pools_list(api_url: str, token: str, as_json: bool) -> None:
+    """Pools, their settings and tenant limits (-o wide: every setting)."""
     with client(api_url, token) as api:
         items = api.pools()
     if as_json:
         emit_json(items)
         return
-    table = Table()
-    for column in ("pool", "max attempts", "lease s", "retention s", "paused", "default limit",
-                   "aging s", "limits", "priority bands", "tool env"):
-        table.add_column(column)
-    for p in items:
-        limits = ", ".join(f"{t}={n}" for t, n in p["tenant_limits"].items())
-        bands = ", ".join(f"{t}={b['min']}:{b['max']}"
-                          for t, b in p.get("tenant_priority", {}).items())
-        default = p["default_max_in_flight"]
-        table.add_row(p["name"], str(p["max_attempts"]), str(p["lease_s"]),
-                      str(p.get("retention_s", "")), "yes" if p.get("paused") else "no",
-                      "-" if default is None else str(default), str(p["priority_aging_s"]),
-                      limits, bands, ",".join(p.get("tool_env", [])))
-    out(table)
+    printing.table(items, POOL_COLUMNS)
+
+
+POOL_COLUMNS = (
+    printing.Column("NAME", lambda p: p["name"]),
+    printing.Column("PAUSED", lambda p: bool(p.get("paused"))),
+    printing.Column("MAX ATTEMPTS", lambda p: p["max_attempts"]),
+    printing.Column("LEASE S", lambda p: p["lease_s"]),
+    printing.Column("DEFAULT LIMIT", lambda p: p["default_max_in_flight"]),
+    printing.Column("LIMITS", lambda p: ",".join(f"{t}={n}" for t, n in
+                                                 p["tenant_limits"].items())),
+    printing.Column("RETENTION S", lambda p: p.get("retention_s"), wide=True),
+    printing.Column("AGING S", lambda p: p.get("priority_aging_s"), wide=True),
+    printing.Column("PRIORITY BANDS", lambda p: ",".join(
+        f"{t}={b['min']}:{b['max']}" for t, b in p.get("tenant_priority", {}).items()),
+        wide=True),
+    printing.Column("TOOL ENV", lambda p: ",".join(p.get("tool_env", [])), wide=True),
+)
 
 
 def _pairs(items: tuple[str, ...], option: str, parse: Callable[[str], Any]) -> dict[str, Any]:
@@ -127,7 +132,8 @@ def pools_upsert(api_url: str, token: str, as_json: bool, name: str,
                  priority_aging_s: int | None, tool_env: str | None,
                  limits: tuple[str, ...], bands: tuple[str, ...],
                  rates: tuple[str, ...] = ()) -> None:
-    """Create or update a pool (also: `pools set`). Only what is given changes:
+    """Create or update a pool (`pools set` and `pools upsert` are one command).
+    Only what is given changes:
     settings and tenants left out keep their current values (a new pool starts
     from the defaults); TENANT=none removes a tenant's setting."""
     given: dict[str, Any] = {k: v for k, v in (

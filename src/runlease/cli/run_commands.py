@@ -12,9 +12,19 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from runlease.cli import terminal
+from runlease.cli.output import count
 from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.cli.runs import runs
-from runlease.cli.terminal import api_options, client, emit_json, out, page_out, runs_table
+from runlease.cli.terminal import (
+    api_options,
+    client,
+    emit_json,
+    label_filters,
+    out,
+    page_out,
+    run_id,
+    runs_table,
+)
 from runlease.core.states import RunStatus
 
 BATCH = 1000
@@ -81,18 +91,24 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
 @retry_options
 @click.option("--parent", "parent_run_id", help="Submit it as a child of this run.")
 @click.option("--webhook-url", help="POSTed a signed notice when the run finishes.")
+@click.option("--dry-run", is_flag=True,
+              help="With --file: read and check every line, submit nothing (checked "
+                   "here: the API checks the rest when they are sent).")
 def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            runs_file: str | None, pool: str | None, priority: int | None,
            max_attempts: int | None, budget: str | None, idempotency_key: str | None,
            tenant_id: str | None, labels: tuple[str, ...], run_at: str | None,
            delay_s: float | None, parent_run_id: str | None = None,
-           webhook_url: str | None = None, **retry: Any) -> None:
+           webhook_url: str | None = None, dry_run: bool = False, **retry: Any) -> None:
     """Enqueue a run (--input), or many from a JSON-lines file (--file)."""
     if (input_json is None) == (runs_file is None):
         raise click.UsageError("give --input (one run) or --file (many)")
     if runs_file is not None:
-        _submit_file(api_url, token, as_json, runs_file, pool, tenant_id, _labels(labels))
+        _submit_file(api_url, token, as_json, runs_file, pool, tenant_id, _labels(labels),
+                     dry_run)
         return
+    if dry_run:
+        raise click.UsageError("--dry-run is for a file of runs (--file)")
     assert input_json is not None
     if input_json.startswith("@"):
         with open(input_json[1:]) as f:
@@ -107,7 +123,8 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          budget=budget_obj, idempotency_key=idempotency_key,
                          tenant_id=tenant_id, labels=_labels(labels),
                          run_at=_time(run_at, "--run-at"), delay_s=delay_s,
-                         parent_run_id=parent_run_id, webhook_url=webhook_url,
+                         parent_run_id=parent_run_id and run_id(api, parent_run_id),
+                         webhook_url=webhook_url,
                          **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
@@ -116,11 +133,18 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
 
 
 def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str | None,
-                 tenant_id: str | None, labels: dict[str, str] | None) -> None:
+                 tenant_id: str | None, labels: dict[str, str] | None,
+                 dry_run: bool = False) -> None:
     """Each line a run; --pool, --tenant and --label fill in what a line leaves out."""
     defaults = {k: v for k, v in (("pool", pool), ("tenant_id", tenant_id)) if v is not None}
     runs_in = [{**defaults, **run, **({"labels": {**labels, **run.get("labels", {})}}
                                       if labels else {})} for run in _jsonl(path)]
+    if dry_run:
+        if as_json:
+            emit_json({"dry_run": True, "runs": len(runs_in)})
+        else:
+            out(f"dry run: {count(len(runs_in), 'run')} would be submitted")
+        return
     created = existing = 0
     with Progress(TextColumn("submitting"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=terminal.console, transient=as_json,
@@ -136,7 +160,8 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
     if as_json:
         emit_json([{"id": str(r.id), "created": r.created} for r in done])
     else:
-        out(f"submitted {created} runs" + (f", {existing} already submitted" if existing else ""))
+        out(f"submitted {count(created, 'run')}"
+            + (f", {existing} already submitted" if existing else ""))
 
 
 @runs.command("list")
@@ -144,8 +169,8 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
 @click.option("--status", "statuses", multiple=True,
               type=click.Choice([s.value for s in RunStatus]), help="Any of (repeatable).")
 @click.option("--pool")
-@click.option("--label", "labels", multiple=True, metavar="KEY:VALUE",
-              help="All of (repeatable).")
+@click.option("-l", "--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="All of (repeatable), as kubectl's -l.")
 @click.option("--created-after")
 @click.option("--created-before")
 @click.option("--finished-after")
@@ -162,7 +187,7 @@ def list_runs(api_url: str, token: str, as_json: bool, statuses: tuple[str, ...]
     """Runs, newest first, filtered (every filter given must match)."""
     with client(api_url, token) as api:
         page = api.list(status=list(statuses), pool=pool, limit=limit, cursor=cursor,
-                        label=list(labels), idempotency_key=idempotency_key, tenant=tenant,
+                        label=label_filters(labels), idempotency_key=idempotency_key, tenant=tenant,
                         created_after=_time(created_after, "--created-after"),
                         created_before=_time(created_before, "--created-before"),
                         finished_after=_time(finished_after, "--finished-after"),

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.table import Table
 
+from runlease.cli import output as printing
 from runlease.cli.retry import retry_kwargs, retry_options
 from runlease.cli.terminal import api_options, client, emit_json, out, page_out
 from runlease.client import Client, ScheduleView
@@ -20,24 +20,29 @@ def schedules() -> None:
     """Cron schedules that enqueue runs."""
 
 
-def _table(items: list[ScheduleView]) -> Table:
-    table = Table()
-    table.add_column("id", no_wrap=True, min_width=36)
-    for column in ("name", "tenant", "cron", "timezone", "overlap", "state", "next tick",
-                   "last error"):
-        table.add_column(column)
-    for s in items:
-        table.add_row(str(s.id), s.name, s.tenant_id, s.cron, s.timezone, s.overlap,
-                      "[yellow]paused[/]" if s.paused else "active",
-                      s.next_tick_at.strftime("%Y-%m-%d %H:%M:%S %Z"), s.last_error or "")
-    return table
+COLUMNS = (
+    printing.Column("ID", lambda s: s.id),
+    printing.Column("NAME", lambda s: s.name),
+    printing.Column("CRON", lambda s: s.cron),
+    printing.Column("STATE", lambda s: "paused" if s.paused else "active"),
+    printing.Column("NEXT TICK", lambda s: printing.until(s.next_tick_at)),
+    printing.Column("NEXT TICK AT", lambda s: s.next_tick_at, wide=True),
+    printing.Column("TENANT", lambda s: s.tenant_id, wide=True),
+    printing.Column("TIMEZONE", lambda s: s.timezone, wide=True),
+    printing.Column("OVERLAP", lambda s: s.overlap, wide=True),
+    printing.Column("LAST ERROR", lambda s: s.last_error, wide=True),
+)
+
+
+def _table(items: list[ScheduleView]) -> None:
+    printing.table(items, COLUMNS)
 
 
 def _show(schedule: ScheduleView, as_json: bool, verb: str) -> None:
     if as_json:
         emit_json(schedule)
         return
-    state = "paused" if schedule.paused else f"next tick {schedule.next_tick_at.isoformat()}"
+    state = "paused" if schedule.paused else f"next tick {printing.iso(schedule.next_tick_at)}"
     out(f"{verb}: {schedule.name} {schedule.id} ({state})")
 
 
@@ -93,8 +98,7 @@ def list_schedules(api_url: str, token: str, as_json: bool, limit: int,
 
 
 def _in_full(schedule: ScheduleView) -> None:
-    out(_table([schedule]))
-    out(f"template: {json.dumps(schedule.template)}")
+    printing.table([schedule], [*COLUMNS, printing.Column("TEMPLATE", lambda s: s.template)])
 
 
 def _said(verb: str) -> Callable[[ScheduleView], None]:

@@ -4,6 +4,7 @@ operator (the client commands are in cli/runs.py, dead.py and pools.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import logging
@@ -19,6 +20,7 @@ import click
 
 from runlease import __version__, logs
 from runlease.db.embedded import EmbeddedPostgres
+from runlease.db.folder_lock import FolderBusy, FolderLock
 from runlease.db.migrate import migrate as apply_migrations
 from runlease.db.migrate import pending
 from runlease.db.pooler import check_behind_pooler
@@ -56,9 +58,17 @@ def database(url: str | None, data_dir: Path) -> Iterator[str]:
         yield url
         return
     server = EmbeddedPostgres(data_dir)
-    click.echo(f"starting embedded PostgreSQL in {data_dir}/ ...", err=True)
-    with server:
-        yield server.url
+    lock = FolderLock(data_dir, command="runlease migrate")
+    with contextlib.suppress(FolderBusy):
+        # Busy: its owner (`runlease dev`) runs the server; we use it and
+        # stop nothing (EmbeddedPostgres stops only a server it started).
+        lock.acquire()
+    try:
+        click.echo(f"starting embedded PostgreSQL in {data_dir}/ ...", err=True)
+        with server:
+            yield server.url
+    finally:
+        lock.release()
 
 
 @click.group()

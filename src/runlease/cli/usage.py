@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import click
-from rich.table import Table
 
+from runlease.cli import output as printing
 from runlease.cli import terminal as cli
 
 
@@ -32,12 +32,10 @@ def usage(api_url: str, token: str, as_json: bool, start: datetime | None,
     if as_json:
         cli.emit_json(report)
         return
-    table = Table(title=f"usage {report['from']} .. {report['to']} by {group_by}")
-    for column in (group_by, "input tokens", "output tokens", "cost", "reports"):
-        table.add_column(column, justify="left" if column == group_by else "right")
-    for item in report["items"]:
-        # Keys are tenant ids, pool names or days: printable by their bounds.
-        table.add_row(item["key"],
-                      str(item["input_tokens"]), str(item["output_tokens"]),
-                      f"{item['cost']:.6g}", str(item["records"]))
-    cli.console.print(table)
+    click.echo(f"usage {report['from']} .. {report['to']} by {group_by}", err=True)
+    printing.table(report["items"], (
+        printing.Column(group_by.upper(), lambda i: i["key"]),
+        printing.Column("INPUT TOKENS", lambda i: i["input_tokens"]),
+        printing.Column("OUTPUT TOKENS", lambda i: i["output_tokens"]),
+        printing.Column("COST", lambda i: f"{i['cost']:.6g}"),
+        printing.Column("REPORTS", lambda i: i["records"])))

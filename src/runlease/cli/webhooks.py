@@ -58,8 +58,8 @@ def secret(api_url: str, token: str, as_json: bool, rotate: bool,
 def children(api_url: str, token: str, as_json: bool, run_id: str, limit: int) -> None:
     """A run's child runs, newest first."""
     with cli.client(api_url, token) as api:
-        page = api.list(parent_run_id=run_id, limit=limit)
+        page = api.list(parent_run_id=cli.run_id(api, run_id), limit=limit)
     if as_json:
         cli.emit_json(page)
     else:
-        cli.console.print(cli.runs_table(page.items, title=f"children of {run_id}"))
+        cli.runs_table(page.items)

@@ -66,6 +66,7 @@ class AsyncClient(RunMethods, Actions, Schedules):
             try:
                 async with self._http.stream(**self._calls.events(run_id, resume.after,
                                                                   read_timeout_s)) as r:
+                    resume.answered = True
                     if r.status_code >= 400:
                         await r.aread()
                         check(r)

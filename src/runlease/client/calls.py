@@ -231,10 +231,13 @@ class Calls:
              created_after: datetime | None = None, created_before: datetime | None = None,
              finished_after: datetime | None = None, finished_before: datetime | None = None,
              idempotency_key: str | None = None, tenant: str | None = None,
-             parent_run_id: UUID | str | None = None) -> Call[RunPage]:
+             parent_run_id: UUID | str | None = None,
+             id_prefix: str | None = None) -> Call[RunPage]:
         """A page of runs, newest first, filtered (every filter given must match:
-        any of `status`, all of `label` as "key:value" or a dict)."""
+        any of `status`, all of `label` as "key=value", "key:value" or a dict;
+        `id_prefix`: ids starting with it, at least 8 hex digits)."""
         params = _page_params(limit, cursor, pool=pool, idempotency_key=idempotency_key,
+                              id_prefix=id_prefix,
                               tenant=tenant, parent_run_id=None if parent_run_id is None
                               else str(parent_run_id))
         if status:

@@ -70,6 +70,7 @@ class Resume:
         self.reconnects = 0
         self.delay = 0.2
         self.ended = False
+        self.answered = False  # has the API answered once (any status)?
         self._parser = SseParser()
 
     def take(self, line: str) -> tuple[StreamEvent | RunEnded, ...]:
@@ -89,6 +90,11 @@ class Resume:
         the wait before the next try; raises an answer that a retry will not
         change, or when max_reconnects is spent."""
         if isinstance(error, ApiError) and error.status not in RETRY_STATUSES:
+            raise error
+        if error is not None and not isinstance(error, ApiError) and not self.answered:
+            # Never reached: a wrong URL or an API that is not running. Say
+            # so now rather than retry in silence forever; a stream that
+            # was served once is resumed (the API restarting, a proxy's cut).
             raise error
         self._parser = SseParser()  # the next connection starts a new event
         self.reconnects += 1

@@ -61,13 +61,15 @@ class Client(RunMethods, Actions, Schedules):
                read_timeout_s: float = 60.0) -> Iterator[StreamEvent | RunEnded]:
         """The run's events, live; reconnects with Last-Event-ID after a drop
         (or a 502, 503 or 504 answer), so nothing is lost or repeated; ends
-        after RunEnded."""
+        after RunEnded. When the API cannot be reached at all (its first
+        connection fails), raises httpx.TransportError at once."""
         resume = Resume(run_id, after, max_reconnects)
         while True:
             error: Exception | None = None
             try:
                 with self._http.stream(**self._calls.events(run_id, resume.after,
                                                             read_timeout_s)) as r:
+                    resume.answered = True
                     if r.status_code >= 400:
                         r.read()
                         check(r)

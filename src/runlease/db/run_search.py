@@ -69,6 +69,7 @@ class RunFilter:
     finished_before: datetime | None = None
     idempotency_key: str | None = None
     parent_run_id: UUID | None = None  # that run's children
+    id_prefix: str | None = None  # ids starting with these hex digits (8 to 32)
 
     def validated(self) -> RunFilter:
         """This filter, or a ValidationError naming the field at fault."""
@@ -93,12 +94,28 @@ class RunFilter:
             stamp = getattr(self, name)
             if stamp is not None and (not isinstance(stamp, datetime) or stamp.tzinfo is None):
                 raise ValidationError(name, "must be an RFC 3339 time with its offset")
+        if self.id_prefix is not None:
+            id_range(self.id_prefix)
         if self.idempotency_key is not None:
             bounds.check_idempotency_key(self.idempotency_key)
             if self.tenant_id is None:
                 raise ValidationError("idempotency_key", "a key is a tenant's own: give "
                                                          "`tenant` with it")
         return self
+
+
+ID_PREFIX_MIN = 8
+
+
+def id_range(prefix: str) -> tuple[UUID, UUID]:
+    """The first and last UUID starting with `prefix` (hex digits, dashes
+    where an id has them, at least 8 digits): an id prefix is a range of the
+    primary key (and of every index that ends with the run id)."""
+    digits = prefix.replace("-", "").lower()
+    if not (ID_PREFIX_MIN <= len(digits) <= 32) or digits.strip("0123456789abcdef") \
+            or len(prefix) > 36:
+        raise ValidationError("id_prefix", f"{ID_PREFIX_MIN} to 32 hex digits of a run id")
+    return (UUID(digits.ljust(32, "0")), UUID(digits.ljust(32, "f")))
 
 
 def uuid_floor(at: datetime) -> UUID:
@@ -245,6 +262,9 @@ def _narrow(f: RunFilter, key: sql.Composable, p: dict[str, Any],
     if f.pool is not None:
         p["pool"] = f.pool
         where.append(sql.SQL("r.pool = %(pool)s"))
+    if f.id_prefix is not None:
+        p["id_lo"], p["id_hi"] = id_range(f.id_prefix)
+        where.append(sql.SQL("{key} >= %(id_lo)s AND {key} <= %(id_hi)s").format(key=key))
     for name, op, column, bound in (
             ("created_after", ">=", "created_at", -CLOCK_SKEW),
             ("created_before", "<", "created_at", CLOCK_SKEW),

@@ -16,6 +16,7 @@ from uuid import UUID
 from starlette.requests import Request
 
 from runlease.api.console.deps import BadRequest
+from runlease.api.search import split_label
 from runlease.core import bounds, run_options
 from runlease.core.states import RunStatus
 from runlease.db.run_search import RunFilter
@@ -73,9 +74,9 @@ class Filters:
                 raise ValidationError("label", f"at most {run_options.LABELS_MAX}")
             pairs = []
             for item in labels:
-                key, sep, value = item.partition(":")
-                if not sep:
-                    raise ValidationError("label", f"{item[:70]!r}: write key:value")
+                if "=" not in item and ":" not in item:
+                    raise ValidationError("label", f"{item[:70]!r}: write key=value")
+                key, value = split_label(item)
                 pairs.append((key.strip(), value.strip()))
             if get["status"] and get["status"] not in STATUSES:
                 raise ValidationError("status", f"must be one of {', '.join(STATUSES)}")

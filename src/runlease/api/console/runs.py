@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
 from typing import Any
 from uuid import UUID
 
@@ -26,6 +28,7 @@ from runlease.api.console.session import COOKIE, COOKIE_PATH
 from runlease.api.deps import api_state
 from runlease.core.states import RunStatus
 from runlease.db.models import Run
+from runlease.db.run_search import RunFilter
 from runlease.db.store import RunStore
 from runlease.errors import InvalidTransition, RunNotFound, ValidationError
 
@@ -87,12 +90,22 @@ async def logout(request: Request, form: Form) -> Response:
     return response
 
 
+ID_PREFIX = re.compile(r"(?=(?:[0-9a-f]-?){8})[0-9a-f-]{8,35}")
+
+
 async def find_runs(store: RunStore, f: Filters, scope: str | None) -> list[Run]:
     tenant = f.tenant or scope
     if f.q:
         try:
             run_id = UUID(f.q)
         except ValueError:
+            if ID_PREFIX.fullmatch(f.q):
+                # The start of an id, as the CLI and the demo print them.
+                with contextlib.suppress(ValidationError):
+                    found = await store.search(RunFilter(tenant_id=tenant, id_prefix=f.q),
+                                               limit=PAGE_SIZE)
+                    if found:
+                        return found
             try:
                 return await store.runs_by_key(f.q, tenant_id=tenant, limit=PAGE_SIZE)
             except ValidationError as exc:
