@@ -2,7 +2,8 @@
 registry's stale rows, folding the queue counts' deltas and the workers'
 stale writes (the console's lease health per pool); and the leader's
 economics passes: the usage rollup, parents whose children have finished
-made due again, completion webhooks.
+made due again. (Completion webhooks are not in the pass: a receiver must
+not delay a reap. services/webhooks.py's dispatcher sends them, beside it.)
 
 Reaping reads the leases of workers whose registry row expired (or that
 have none), not every lease; a lease that expired while its worker lives
@@ -30,7 +31,6 @@ from runlease import metrics
 from runlease.db.store import RunStore
 from runlease.services.leader import LeaderElector
 from runlease.services.loop import PeriodicService
-from runlease.services.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,6 @@ class Reaper(PeriodicService):
         self.forget_workers_after_s = forget_workers_after_s
         self._passes = 0
         self._sweep_after: tuple[str, UUID] | None = None
-        self.webhooks = WebhookSender(store)
 
     async def run_once(self) -> None:
         if not self.elector.is_leader:
@@ -81,7 +80,6 @@ class Reaper(PeriodicService):
         await self.fold_pool_health()
         await self.roll_up_usage()
         await self.wake_parents()
-        await self.webhooks.run_once()
 
     async def sweep(self) -> list[UUID]:
         """One window of the slow sweep: the expired leases in it."""

@@ -41,6 +41,7 @@ from runlease.services.leader import LeaderElector
 from runlease.services.listener import Listener
 from runlease.services.reaper import Reaper
 from runlease.services.scheduler import Scheduler
+from runlease.services.webhooks import WebhookDispatcher
 from runlease.settings import WorkerSettings
 from runlease.settings.worker import load_agent
 from runlease.worker import toolenv
@@ -151,6 +152,10 @@ class Worker:
         self.reaper = (Reaper(self.store, self.elector, interval_s=s.reaper_interval_s)
                        if self.elector else None)
         self.scheduler = Scheduler(self.store, self.elector) if self.elector else None
+        self.webhooks = (WebhookDispatcher(self.store, self.elector,
+                                           interval_s=min(1.0, s.reaper_interval_s),
+                                           limits=s.webhook_limits())
+                         if self.elector else None)
         self.probes = (ProbeServer(s.metrics_host, s.metrics_port, health=self._healthy,
                                    ready=self._ready) if s.metrics_port else None)
         metrics.WORKER_SLOTS.labels(s.pool).set(s.concurrency)
@@ -159,7 +164,7 @@ class Worker:
             if self.probes:
                 await self.probes.start()
             for service in (self.acker, self.keeper, self.listener, self.elector, self.reaper,
-                            self.scheduler):
+                            self.scheduler, self.webhooks):
                 if service is not None:
                     service.start()
             if self.handle_signals:
@@ -254,8 +259,8 @@ class Worker:
         await self._wait_runs(5)
         for task in list(self._tasks):
             task.cancel()
-        for service in (self.scheduler, self.reaper, self.elector, self.listener, self.keeper,
-                        self.acker):
+        for service in (self.webhooks, self.scheduler, self.reaper, self.elector,
+                        self.listener, self.keeper, self.acker):
             if service is not None:
                 await service.stop(2.0)
         if self.probes:
