@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 import httpx
 import pytest
 
-from runlease.client import AsyncClient, Client, RunEnded, StreamEvent
+from runlease.client import ApiError, AsyncClient, Client, RunEnded, StreamEvent
 from runlease.db.bulk import BULK_BATCH
 from runlease.db.run_search import RunFilter
 from runlease.db.store import NewRun, RunStore
@@ -84,14 +84,15 @@ async def test_bulk_redrive_by_ids_and_by_filter(api: Api, live_store: RunStore)
     await live_store.enqueue("default", "globex", {})
     dead = await _kill(live_store, "default", 4)
     acme_dead = [i for i in dead if (await live_store.get(i)).tenant_id == "acme"]
-    async with AsyncClient(api.url, api.token("acme")) as acme:
-        one = await acme.bulk_redrive(ids=acme_dead[:1])
+    async with AsyncClient(api.url, api.token("admin")) as admin:
+        one = await admin.bulk_redrive(ids=acme_dead[:1])
         assert (one.matched, one.affected) == (1, 1)
-        counted = await acme.bulk_redrive(status=["dead"], dry_run=True)
+        counted = await admin.bulk_redrive(status=["dead"], tenant_id="acme", dry_run=True)
         assert counted.matched == 2
-        rest = await acme.bulk_redrive(status=["dead", "pending"])  # only dead ones apply
+        # only dead ones apply
+        rest = await admin.bulk_redrive(status=["dead", "pending"], tenant_id="acme")
         assert rest.affected == 2
-        runs = [await acme.get(i) for i in acme_dead]
+        runs = [await admin.get(i) for i in acme_dead]
     assert {(r.status, r.attempts) for r in runs} == {("pending", 0)}
     globex_dead = next(i for i in dead if i not in acme_dead)
     assert (await live_store.get(globex_dead)).status == "dead"
@@ -121,7 +122,8 @@ async def test_malformed_bulk_requests_are_4xx_naming_the_field(api: Api) -> Non
             ({"ids": None}, 422), ({"filter": {"colour": "red"}}, 422),
         ]
         for body, status in cases:
-            response = await http.post("/v1/runs/redrive", json=body)
+            response = await http.post("/v1/runs/redrive", json=body,
+                                       headers=api.headers("admin"))
             assert response.status_code == status, (body, response.text)
         unsent = await http.post("/v1/runs/cancel", content=b"{}")
         assert unsent.status_code == 415
@@ -133,7 +135,8 @@ async def test_the_sync_client(api: Api) -> None:
             ids = [acme.submit({}).id for _ in range(2)]
             assert acme.bulk_cancel(ids, dry_run=True).matched == 2
             assert acme.bulk_cancel(ids).affected == 2
-            assert acme.bulk_redrive(status=["dead"]).matched == 0
+            with pytest.raises(ApiError, match="admin only"):
+                acme.bulk_redrive(status=["dead"])
 
     await asyncio.to_thread(run)
 
@@ -194,3 +197,18 @@ async def test_the_streams_of_bulk_touched_runs_are_woken(api: Api) -> None:
         items = await asyncio.wait_for(ended, 10)
     assert event.kind == "run.reprioritized"
     assert items[-1] == RunEnded("cancelled", None, 0)
+
+
+async def test_a_tenant_cannot_redrive_in_bulk_as_it_cannot_one_run(
+    api: Api, live_store: RunStore
+) -> None:
+    """Issue 32: single redrive was admin only, bulk redrive was not, so a
+    tenant reset the attempts of its own dead runs past max_attempts."""
+    await live_store.enqueue("default", "acme", {})
+    (dead,) = await _kill(live_store, "default", 1)
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+        by_ids = await http.post("/v1/runs/redrive", json={"ids": [str(dead)]})
+        by_filter = await http.post("/v1/runs/redrive", json={"filter": {"status": ["dead"]}})
+        one = await http.post(f"/v1/runs/{dead}/redrive")
+    assert [r.status_code for r in (by_ids, by_filter, one)] == [403, 403, 403]
+    assert (await live_store.get(dead)).status == "dead"

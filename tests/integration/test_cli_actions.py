@@ -66,7 +66,10 @@ async def test_redrive_by_ids_and_by_pool(api: Api, live_store: RunStore) -> Non
     leases = await live_store.claim("default", "test-worker", 3)
     for lease in leases:
         await live_store.fail(lease, "refused", "no")
-    one = await as_json(api, "acme", "runs", "redrive", str(leases[0].run_id))
+    refused = await invoke(api, "acme", "runs", "redrive", str(leases[0].run_id))
+    assert refused.exit_code != 0
+    assert "admin only" in refused.output  # as the API says (issue 32)
+    one = await as_json(api, "admin", "runs", "redrive", str(leases[0].run_id))
     assert one["affected"] == 1
     rest = await invoke(api, "admin", "runs", "redrive", "--pool", "default", "--tenant",
                         "acme")

@@ -14,7 +14,7 @@ from fastapi import APIRouter
 
 from runlease.api.actions_schemas import BulkIn, BulkOut, RunFilterIn, RunPatch
 from runlease.api.auth import Principal
-from runlease.api.deps import JsonBody, Store, Who
+from runlease.api.deps import Admin, JsonBody, Store, Who
 from runlease.api.errors import ErrorAnswer
 from runlease.api.schemas import ErrorBody, RunOut
 from runlease.api.search import run_filter
@@ -73,10 +73,12 @@ async def bulk_cancel(body: BulkIn, who: Who, store: Store) -> BulkOut:
 
 @router.post("/runs/redrive", response_model=BulkOut, dependencies=[JsonBody],
              responses=BODY_ERRORS)
-async def bulk_redrive(body: BulkIn, who: Who, store: Store) -> BulkOut:
+async def bulk_redrive(body: BulkIn, who: Admin, store: Store) -> BulkOut:
     """Send many dead runs back to pending, attempts reset: those named by
     `ids` or matched by `filter` (runs that are not dead are left alone).
-    `dry_run` counts and changes nothing."""
+    `dry_run` counts and changes nothing. Admin only, as redriving one run
+    is: a redrive resets attempts, so a tenant could otherwise retry its
+    failing runs forever past max_attempts (issue 32)."""
     return await _bulk("redrive", body, who, store)
 
 
