@@ -296,7 +296,7 @@ async def test_a_tenant_has_at_most_its_bound_of_deliveries_taken(live_store: Ru
 
 
 @pytest.mark.parametrize("ports", [[0], [65536], ["80"], [True], list(range(1000, 1017)),
-                                   "8080", [8080.5]])
+                                   "8080", [8080.5], [None]])
 async def test_bad_ports_in_the_allowlist_are_refused(api: Api, ports: Any) -> None:
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as http:
         response = await http.put("/v1/webhook-hosts", json={

@@ -328,7 +328,8 @@ async def redrive(run_id: UUID, who: Admin, store: Store) -> RunOut:
 @router.get("/pools", response_model=list[PoolOut])
 async def pools(who: Admin, store: Store) -> list[PoolOut]:
     """Pools and their tenant limits (admin)."""
-    return [PoolOut.of(p, await store.tenant_settings(p.name)) for p in await store.list_pools()]
+    return [PoolOut.of(p, await store.tenant_settings(p.name), await store.queue_quotas(p.name))
+            for p in await store.list_pools()]
 
 
 @router.get("/pools/{pool_name}", response_model=PoolOut,
@@ -341,7 +342,8 @@ async def get_pool(
     pool = await store.get_pool(pool_name)
     if pool is None:
         raise HTTPException(404, f"no pool {pool_name!r}")
-    return PoolOut.of(pool, await store.tenant_settings(pool_name))
+    return PoolOut.of(pool, await store.tenant_settings(pool_name),
+                      await store.queue_quotas(pool_name))
 
 
 @router.put("/pools/{pool_name}", response_model=PoolOut, dependencies=[JsonBody],
@@ -354,8 +356,12 @@ async def put_pool(
     """Create or update a pool: every setting as given (left out: its default);
     its tenant limits, priority bands and rates become exactly those given
     (admin)."""
-    pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
-                                     body.default_max_in_flight, body.priority_aging_s,
-                                     body.retention_s, body.paused, tuple(body.tool_env)),
-                                body.tenants())
-    return PoolOut.of(pool, await store.tenant_settings(pool_name))
+    async with store.connection() as conn, conn.transaction():
+        pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
+                                         body.default_max_in_flight, body.priority_aging_s,
+                                         body.retention_s, body.paused, tuple(body.tool_env)),
+                                    body.tenants(), conn=conn)
+        await store.set_queue_quotas(pool_name, body.default_max_pending,
+                                     body.tenant_max_pending, conn=conn)
+    return PoolOut.of(pool, await store.tenant_settings(pool_name),
+                      await store.queue_quotas(pool_name))

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, StrictBool
 
 from runlease.api.deps import Admin, JsonBody, Store, Who
 from runlease.api.errors import ErrorAnswer
-from runlease.api.schemas import ErrorBody, Strict
+from runlease.api.schemas import INTEGRAL, ErrorBody, Strict
 from runlease.core import bounds, webhooks
 from runlease.errors import RunNotFound
 
@@ -37,7 +37,7 @@ class WebhookHost(Strict):
                       description="A host name or address; `*.example.com` for subdomains.")
     allow_private: StrictBool = Field(False, description="May resolve to loopback, private "
                                                          "or link-local addresses.")
-    ports: list[Annotated[int, Field(strict=True, ge=1, le=65535)]] = Field(
+    ports: list[Annotated[int, Field(strict=True, ge=1, le=65535), INTEGRAL]] = Field(
         default_factory=list, max_length=webhooks.MAX_PORTS,
         description="Ports URLs on this host may use beside 80 and 443 (any other is "
                     "refused: an allowed host is not a port scanner).")

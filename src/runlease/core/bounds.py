@@ -289,6 +289,10 @@ def check_step_key(value: object) -> str:
 
 
 SUBMITS_PER_MINUTE_MAX = 100_000
+# A tenant's quota of waiting runs in a pool (issue 32): the default a pool
+# has, and the most one may be set to.
+DEFAULT_MAX_PENDING = 100_000
+MAX_PENDING_MAX = 100_000_000
 TOKENS_PER_MINUTE_MAX = 10**12
 MAX_TOKENS_MAX = 10**12
 MAX_COST_MAX = 1e9
