@@ -121,12 +121,24 @@ async def submit(
     """Enqueue a run. The same Idempotency-Key again returns the same run (200).
     Over the tenant's submit rate in the pool: 429 with Retry-After."""
     tenant = tenant_for(body.tenant_id, who)
+    idempotency_key = utf8_header(idempotency_key, "Idempotency-Key")
     parent = body.parent_run_id
     if parent is None and body.webhook_url is None:  # most submits: grouped (submit_group.py)
         result = await groups.submit(new_run(body, tenant, idempotency_key))
     else:
         result = await _submit_alone(body, who, tenant, store, idempotency_key)
     return submitted(result, waker, admin=who.admin)
+
+
+def utf8_header(value: str | None, name: str) -> str | None:
+    """A header's text as the UTF-8 its bytes are: ASGI hands them over as
+    Latin-1, which garbled a non-ASCII key (issue 32); not UTF-8: a 422."""
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise ErrorAnswer(422, "invalid_request", f"{name}: must be UTF-8 text", name) from None
 
 
 def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Response:

@@ -76,8 +76,16 @@ def _text(field: str, value: object, max_chars: int, pattern: re.Pattern[str]) -
     return value
 
 
+# Not a tenant: the console's session names admin `*` (issue 32: a tenant
+# named so signed in to the console as admin), and `*` reads as "every".
+RESERVED_TENANTS = frozenset({"*"})
+
+
 def check_tenant(value: object) -> str:
-    return _text("tenant_id", value, TENANT_MAX_CHARS, _PRINTABLE_RE)
+    tenant = _text("tenant_id", value, TENANT_MAX_CHARS, _PRINTABLE_RE)
+    if tenant in RESERVED_TENANTS:
+        raise ValidationError("tenant_id", f"{tenant!r} is reserved, not a tenant")
+    return tenant
 
 
 def check_pool(value: object) -> str:

@@ -293,7 +293,7 @@ class Worker:
         self.held[lease.run_id] = handle
         self.active.add(handle)
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
-        metrics.child(metrics.RUNS_IN_FLIGHT, s.pool, lease.run.tenant_id).inc()
+        metrics.child(metrics.RUNS_IN_FLIGHT, s.pool).inc()
         log.debug("run_claimed run_id=%s tenant=%s attempt=%s epoch=%s", lease.run_id,
                  lease.run.tenant_id, lease.run.attempts, lease.epoch)
         early = self._early_cancels.pop(lease.run_id, None) if self._early_cancels else None
@@ -318,8 +318,7 @@ class Worker:
         # Its task is done with: a failed agent's traceback reaches the handle
         # (through the context's fence), a cycle only the collector would free.
         handle.task = None
-        metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool,
-                      handle.lease.run.tenant_id).dec()
+        metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool).dec()
         self._slot_freed.set()
         self._wake.set()
 

@@ -14,3 +14,11 @@ ALTER TABLE agent_run_pools
         CHECK (default_max_pending BETWEEN 0 AND 100000000);
 ALTER TABLE agent_run_tenant_limits
     ADD COLUMN max_pending integer CHECK (max_pending BETWEEN 0 AND 100000000);
+
+-- Console sessions signed out (issue 32: a cookie stayed valid after sign
+-- out until it expired): the session's nonce, kept until the cookie would
+-- have expired anyway.
+CREATE TABLE runlease_console_signouts (
+    nonce      text        PRIMARY KEY CHECK (length(nonce) BETWEEN 1 AND 64),
+    expires_at timestamptz NOT NULL
+);
