@@ -17,6 +17,8 @@ from runlease.core.cron import Cron
 from runlease.db.rates import Throttled
 from runlease.db.store import RunStore
 from tests.support.api import Api
+from tests.support.waiting import until
+from tests.support.workers import running_worker
 
 START = datetime(2026, 12, 1, 10, 2, 0, tzinfo=UTC)
 EVERY_5 = Cron.checked("*/5 * * * *")
@@ -155,3 +157,28 @@ async def test_a_pool_has_the_default_quota_and_null_means_none(api: Api) -> Non
     assert pool["default_max_pending"] == 100_000
     response = await put_pool(api, {"default_max_pending": None})
     assert response.json()["default_max_pending"] is None
+
+
+async def test_an_agent_over_its_rate_is_retried_after_the_wait(
+    live_store: RunStore, db_url: str
+) -> None:
+    """In agent code, ctx.submit_child past the rate raises a RetryableError
+    (code rate_limited, retry after the rate's wait): uncaught, the parent
+    waits for its next attempt, as a client does after a 429."""
+    await live_store.set_tenant_rates("default", "acme", 2, None)
+
+    async def agent(ctx: Any) -> None:
+        for i in range(3):
+            await ctx.submit_child({"i": i}, key=f"c{i}")
+
+    parent = (await live_store.enqueue("default", "acme", {})).run.id
+
+    async def retried() -> Any:
+        run = await live_store.get(parent)
+        return run if run.error_code is not None else None
+
+    async with running_worker(db_url, agent=agent):
+        run = await until(retried, timeout_s=30, what="the parent's refused child")
+    assert (run.status, run.error_code, run.attempts) == ("pending", "rate_limited", 1)
+    assert run.available_at > run.created_at  # not before the rate's wait
+    assert count(db_url, "acme") == 2  # the parent and one child
