@@ -32,8 +32,10 @@ RUNS_FINISHED = Counter(
     f"Runs this worker finished, by outcome: {', '.join(Outcome)}.",
     ["pool", "outcome"],
 )
-RUNS_IN_FLIGHT = Gauge("runlease_runs_in_flight", "Runs this worker holds now.",
-                       ["pool", "tenant"])
+# By pool only: a worker's /metrics is reachable by its tools (they share its
+# network), so it names no tenant (issue 32); runs per tenant are the
+# operator's runlease_queue_runs{status="leased"}.
+RUNS_IN_FLIGHT = Gauge("runlease_runs_in_flight", "Runs this worker holds now.", ["pool"])
 HEARTBEATS = Counter("runlease_heartbeats_total", "Lease renewal statements, by result.",
                      ["pool", "result"])
 LEASES_LOST = Counter("runlease_leases_lost_total",

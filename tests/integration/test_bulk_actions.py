@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 import httpx
 import pytest
 
-from runlease.client import AsyncClient, Client, RunEnded, StreamEvent
+from runlease.client import ApiError, AsyncClient, Client, RunEnded, StreamEvent
 from runlease.db.bulk import BULK_BATCH
 from runlease.db.run_search import RunFilter
 from runlease.db.store import NewRun, RunStore
@@ -135,6 +135,8 @@ async def test_the_sync_client(api: Api) -> None:
             ids = [acme.submit({}).id for _ in range(2)]
             assert acme.bulk_cancel(ids, dry_run=True).matched == 2
             assert acme.bulk_cancel(ids).affected == 2
+            with pytest.raises(ApiError, match="admin only"):
+                acme.bulk_redrive(status=["dead"])
         with Client(api.url, api.token("admin")) as admin:
             assert admin.bulk_redrive(status=["dead"]).matched == 0
 
@@ -197,3 +199,18 @@ async def test_the_streams_of_bulk_touched_runs_are_woken(api: Api) -> None:
         items = await asyncio.wait_for(ended, 10)
     assert event.kind == "run.reprioritized"
     assert items[-1] == RunEnded("cancelled", None, 0)
+
+
+async def test_a_tenant_cannot_redrive_in_bulk_as_it_cannot_one_run(
+    api: Api, live_store: RunStore
+) -> None:
+    """Issue 32: single redrive was admin only, bulk redrive was not, so a
+    tenant reset the attempts of its own dead runs past max_attempts."""
+    await live_store.enqueue("default", "acme", {})
+    (dead,) = await _kill(live_store, "default", 1)
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+        by_ids = await http.post("/v1/runs/redrive", json={"ids": [str(dead)]})
+        by_filter = await http.post("/v1/runs/redrive", json={"filter": {"status": ["dead"]}})
+        one = await http.post(f"/v1/runs/{dead}/redrive")
+    assert [r.status_code for r in (by_ids, by_filter, one)] == [403, 403, 403]
+    assert (await live_store.get(dead)).status == "dead"

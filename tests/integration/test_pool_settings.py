@@ -78,7 +78,8 @@ async def test_pool_settings_round_trip_through_the_api(api: Api) -> None:
             "tenant_limits": {"acme": 3}, "tenant_priority": {"globex": {"min": 0, "max": 5}},
             "tenant_rates": {"acme": {"submits_per_minute": 10, "tokens_per_minute": None},
                              "initech": {"submits_per_minute": None,
-                                         "tokens_per_minute": 5000}}}
+                                         "tokens_per_minute": 5000}},
+            "default_max_pending": 50, "tenant_max_pending": {"acme": 7}}
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as http:
         put = await http.put("/v1/pools/batch", json=body)
         assert put.status_code == 200, put.text

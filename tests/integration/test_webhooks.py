@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from runlease.cli import main as cli
 from runlease.client import AsyncClient, NotFound
-from runlease.core.webhooks import verify
+from runlease.core.webhooks import HostRule, verify
 from runlease.db.store import RunStore
 from runlease.services import webhooks as webhooks_module
 from runlease.services.webhooks import WebhookSender
@@ -61,19 +61,21 @@ async def receiver(*statuses: int) -> AsyncIterator[Receiver]:
         await server.wait_closed()
 
 
-async def allow(api: Api, *hosts: tuple[str, bool]) -> None:
+async def allow(api: Api, *hosts: tuple[str, bool] | tuple[str, bool, list[int]]) -> None:
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as http:
         response = await http.put("/v1/webhook-hosts", json={
-            "hosts": [{"host": h, "allow_private": p} for h, p in hosts]})
+            "hosts": [{"host": h[0], "allow_private": h[1], "ports": list(h[2:][0] if h[2:]
+                                                                          else [])}
+                      for h in hosts]})
     assert response.status_code == 200, response.text
 
 
 async def test_a_webhook_is_delivered_once_signed_after_two_failures(
     api: Api, db_url: str
 ) -> None:
-    await allow(api, ("127.0.0.1", True))
     async with receiver(500, 503) as hook, \
             AsyncClient(api.url, api.token("acme")) as client:
+        await allow(api, ("127.0.0.1", True, [hook.port]))
         async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
             secret = (await http.get("/v1/webhook-secret")).json()["secret"]
         run = await client.submit({"steps": []},
@@ -94,7 +96,12 @@ async def test_a_webhook_is_delivered_once_signed_after_two_failures(
         assert not verify(secret, headers, body, now=time.time() + 3600)
     sent = json.loads(hook.received[-1][1])
     assert (sent["run_id"], sent["status"], sent["tenant_id"]) == (str(run.id), "done", "acme")
-    assert len({json.loads(b)["delivery_id"] for _, b in hook.received}) == 3
+    # One delivery, one id on every try (issue 32: it changed with each try,
+    # so a receiver could not drop a repeat).
+    assert {json.loads(b)["delivery_id"] for _, b in hook.received} == {str(run.id)}
+    assert [json.loads(b)["try"] for _, b in hook.received] == [1, 2, 3]
+    assert [a.get("error") for a in delivery["attempts"]] == ["http_status", "http_status",
+                                                                None]
 
 
 @pytest.mark.parametrize(("url", "status"), [
@@ -118,8 +125,9 @@ async def test_webhook_urls_off_the_allowlist_are_refused(api: Api, db_url: str,
 async def test_an_allowed_host_resolving_to_a_private_address_is_not_called(
     live_store: RunStore
 ) -> None:
-    await live_store.set_webhook_hosts([("localhost", False), ("*.example.com", False)])
     async with receiver() as hook:
+        await live_store.set_webhook_hosts([HostRule("localhost", False, (hook.port,)),
+                                            ("*.example.com", False)])
         url = f"http://localhost:{hook.port}/hook"
         queued = await live_store.enqueue("default", "acme", {})
         await live_store.add_webhook(queued.run.id, "acme", url)
@@ -130,14 +138,14 @@ async def test_an_allowed_host_resolving_to_a_private_address_is_not_called(
     found = await live_store.webhook(queued.run.id)
     assert found is not None
     assert found["state"] == "failed"
-    assert "non-public" in found["attempts"][0]["error"]
+    assert found["attempts"][0]["error"] == "private_address"
     assert await live_store.webhook(queued.run.id, tenant_id="globex") is None
 
 
 async def test_a_waiting_run_is_not_delivered_and_tenants_see_their_own(
     api: Api, live_store: RunStore
 ) -> None:
-    await allow(api, ("127.0.0.1", True))
+    await allow(api, ("127.0.0.1", True, [9]))
     async with AsyncClient(api.url, api.token("acme")) as acme, \
             AsyncClient(api.url, api.token("globex")) as globex:
         run = await acme.submit({}, webhook_url="http://127.0.0.1:9/hook")
@@ -164,10 +172,11 @@ async def test_the_cli_sets_hosts_and_shows_the_key(api: Api) -> None:
         return result.stdout
 
     out = await asyncio.to_thread(run, "admin", "webhooks", "hosts", "--set",
-                                  "127.0.0.1:private", "--set", "*.hooks.example.com", "--json")
+                                  "127.0.0.1:private@8080,8443", "--set", "*.hooks.example.com",
+                                  "--json")
     assert json.loads(out)["hosts"] == [
-        {"host": "*.hooks.example.com", "allow_private": False},
-        {"host": "127.0.0.1", "allow_private": True}]
+        {"host": "*.hooks.example.com", "allow_private": False, "ports": []},
+        {"host": "127.0.0.1", "allow_private": True, "ports": [8080, 8443]}]
     key = (await asyncio.to_thread(run, "acme", "webhooks", "secret")).strip()
     async with AsyncClient(api.url, api.token("acme")) as client:
         assert await client.webhook_secret() == key
@@ -198,7 +207,7 @@ async def test_a_delivery_connects_to_the_address_it_checked(
         seen.append(request)
         return httpx.Response(204)
 
-    await live_store.set_webhook_hosts([("hooks.example.com", False)])
+    await live_store.set_webhook_hosts([HostRule("hooks.example.com", False, (8443,))])
     queued = await live_store.enqueue("default", "acme", {})
     await live_store.add_webhook(queued.run.id, "acme", url)
     (lease,) = await live_store.claim("default", "w", 1)
@@ -213,3 +222,83 @@ async def test_a_delivery_connects_to_the_address_it_checked(
     found = await live_store.webhook(queued.run.id)
     assert found is not None
     assert found["state"] == "delivered"
+
+
+async def finished(store: RunStore, tenant: str, url: str) -> Any:
+    queued = await store.enqueue("default", tenant, {})
+    await store.add_webhook(queued.run.id, tenant, url)
+    (lease,) = await store.claim("default", "w", 1)
+    await store.ack(lease, None)
+    return queued.run.id
+
+
+@pytest.mark.parametrize("port", [22, 5432, 6379, 10250])
+async def test_a_port_the_admin_did_not_list_is_refused_at_submit(api: Api, port: int) -> None:
+    """No port probing (issue 32): on an allowed host, any port could be
+    tried and the answer read back through GET /v1/runs/{id}/webhook."""
+    await allow(api, ("127.0.0.1", True, [8080]))
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+        refused = await http.post("/v1/runs", json={
+            "input": {}, "webhook_url": f"http://127.0.0.1:{port}/x"})
+        listed = await http.post("/v1/runs", json={
+            "input": {}, "webhook_url": "http://127.0.0.1:8080/x"})
+        standard = await http.post("/v1/runs", json={
+            "input": {}, "webhook_url": "https://127.0.0.1/x"})
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["field"] == "webhook_url"
+    assert (listed.status_code, standard.status_code) == (201, 201)
+
+
+async def test_a_port_unlisted_after_submit_is_not_called(live_store: RunStore) -> None:
+    async with receiver() as hook:
+        await live_store.set_webhook_hosts([HostRule("127.0.0.1", True, (hook.port,))])
+        run_id = await finished(live_store, "acme", f"http://127.0.0.1:{hook.port}/hook")
+        await live_store.set_webhook_hosts([HostRule("127.0.0.1", True)])
+        assert await WebhookSender(live_store).run_once() == 1
+        assert hook.received == []
+    found = await live_store.webhook(run_id)
+    assert found is not None
+    assert (found["state"], found["attempts"][0]["error"]) == ("failed", "refused")
+
+
+async def test_a_tenant_reads_the_class_of_a_failure_not_its_details(
+    live_store: RunStore
+) -> None:
+    """What the tenant reads back says nothing of the network behind the
+    host (no address, port, banner or errno)."""
+    async with receiver() as hook:
+        port = hook.port  # closed when the block ends: nothing listens there any more
+    await live_store.set_webhook_hosts([HostRule("127.0.0.1", True, (port,))])
+    run_id = await finished(live_store, "acme", f"http://127.0.0.1:{port}/hook")
+    assert await WebhookSender(live_store).run_once() == 1
+    found = await live_store.webhook(run_id)
+    assert found is not None
+    (attempt,) = found["attempts"]
+    assert set(attempt) == {"try", "at", "error"}
+    assert attempt["error"] == "connect"
+    assert found["state"] == "waiting"  # retried later
+
+
+async def test_a_tenant_has_at_most_its_bound_of_deliveries_taken(live_store: RunStore) -> None:
+    await live_store.set_webhook_hosts([HostRule("127.0.0.1", True)])
+    for tenant, n in (("acme", 6), ("globex", 2)):
+        for _ in range(n):
+            await finished(live_store, tenant, "http://127.0.0.1/hook")
+    taken = await live_store.take_due_webhooks(batch=100, per_tenant=3,
+                                               busy={"acme": 1})
+    by_tenant = sorted(d.tenant_id for d in taken)
+    assert by_tenant == ["acme", "acme", "globex", "globex"]
+    full = await live_store.take_due_webhooks(batch=100, per_tenant=3,
+                                              busy={"acme": 3, "globex": 3})
+    assert full == []
+    rest = await live_store.take_due_webhooks(batch=100, per_tenant=3)
+    assert sorted(d.tenant_id for d in rest) == ["acme"] * 3
+
+
+@pytest.mark.parametrize("ports", [[0], [65536], ["80"], [True], list(range(1000, 1017)),
+                                   "8080", [8080.5], [None]])
+async def test_bad_ports_in_the_allowlist_are_refused(api: Api, ports: Any) -> None:
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("admin")) as http:
+        response = await http.put("/v1/webhook-hosts", json={
+            "hosts": [{"host": "127.0.0.1", "allow_private": True, "ports": ports}]})
+    assert response.status_code == 422, response.text

@@ -143,8 +143,10 @@ async def test_replicas_follow_the_queue_and_scale_down_waits(
 ) -> None:
     database_secret(kmock, db_url)
     async with running_operator(kmock):
+        # One tenant's 35 runs, all startable: no default share (at 50% of
+        # 5 x 10 slots, 25 of them would be, and 3 replicas the demand).
         await create_pool(kmock, "batch", concurrencyPerWorker=10,
-                          replicas={"min": 1, "max": 5},
+                          replicas={"min": 1, "max": 5}, tenants={"defaultSharePercent": 100},
                           autoscaling={"targetRunsPerWorker": 1, "scaleDownDelaySeconds": 2})
         await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
         await enqueue(db_url, "batch", 35)
@@ -184,6 +186,7 @@ async def test_pod_deletion_cost_comes_from_leases(kmock: Any, kubeconfig: str,
             "spec": {"containers": [{"name": "worker", "image": "x"}]}}
     async with running_operator(kmock):
         await create_pool(kmock, "batch", concurrencyPerWorker=2, replicas={"min": 1, "max": 3},
+                          tenants={"defaultSharePercent": 100},  # one tenant fills it
                           autoscaling={"scaleDownDelaySeconds": 0})
         await eventually(lambda: stored(kmock, DEPLOYMENTS, "batch-workers"))
         await enqueue(db_url, "batch", 6)

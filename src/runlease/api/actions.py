@@ -77,9 +77,11 @@ async def bulk_cancel(body: BulkIn, who: Who, store: Store) -> BulkOut:
              responses={**BODY_ERRORS, 403: {"model": ErrorBody,
                                               "description": "Not an admin token."}})
 async def bulk_redrive(body: BulkIn, who: Admin, store: Store) -> BulkOut:
-    """Send many dead runs back to pending, attempts reset (admin, as the
-    single redrive): those named by `ids` or matched by `filter` (runs that
-    are not dead are left alone). `dry_run` counts and changes nothing."""
+    """Send many dead runs back to pending, attempts reset: those named by
+    `ids` or matched by `filter` (runs that are not dead are left alone).
+    `dry_run` counts and changes nothing. Admin only, as redriving one run
+    is: a redrive resets attempts, so a tenant could otherwise retry its
+    failing runs forever past max_attempts (issue 32)."""
     return await _bulk("redrive", body, who, store)
 
 

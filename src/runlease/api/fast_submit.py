@@ -51,7 +51,10 @@ def _headers(scope: Scope) -> tuple[str, str | None] | None:
     if b"authorization" not in found or not _json_media(found.get(b"content-type", b"")):
         return None
     key = found.get(b"idempotency-key")
-    idempotency_key = None if key is None else key.decode("latin-1")
+    try:  # the key's bytes as UTF-8, as the route reads them (issue 32: garbled)
+        idempotency_key = None if key is None else key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= KEY_MAX_CHARS:
         return None
     return found[b"authorization"].decode("latin-1"), idempotency_key

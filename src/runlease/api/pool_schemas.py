@@ -3,7 +3,7 @@ bands and rates (PUT /v1/pools/{name} and what GET answers)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictBool
 
@@ -27,6 +27,12 @@ from runlease.core.defaults import (
     DEFAULT_RETENTION_S,
 )
 from runlease.db.models import Pool, TenantLimit
+
+
+def _keys_are_tenants_quotas(schema: dict[str, Any]) -> None:
+    _keys_are_tenants(schema)
+    schema["additionalProperties"] = {"type": "integer", "minimum": 0,
+                                      "maximum": bounds.MAX_PENDING_MAX}
 
 
 class PriorityBand(Strict):
@@ -85,6 +91,18 @@ class PoolIn(Strict):
         description="Per-tenant submit and model-token rates; tenants not named have none.",
         json_schema_extra=_keys_are_tenants)
 
+    default_max_pending: Annotated[int, Field(strict=True, ge=0, le=bounds.MAX_PENDING_MAX),
+                                   INTEGRAL] | None = Field(
+        bounds.DEFAULT_MAX_PENDING,
+        description="Each tenant's quota of waiting (pending) runs in the pool, unless it has "
+                    "its own: a submit past it is a 429 queue_full. null: no quota.")
+    tenant_max_pending: dict[str, Annotated[int, Field(strict=True, ge=0,
+                                                       le=bounds.MAX_PENDING_MAX),
+                                            INTEGRAL]] = Field(
+        default_factory=dict, max_length=10_000,
+        description="Per-tenant quotas of waiting runs; tenants not named have the default.",
+        json_schema_extra=_keys_are_tenants_quotas)
+
     def tenants(self) -> dict[str, TenantLimit]:
         names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority,
                                     *self.tenant_rates]))
@@ -110,10 +128,15 @@ class PoolOut(BaseModel):
     tenant_limits: dict[str, int]
     tenant_priority: dict[str, PriorityBand]
     tenant_rates: dict[str, TenantRate] = Field(default_factory=dict)
+    default_max_pending: int | None = None
+    tenant_max_pending: dict[str, int] = Field(default_factory=dict)
 
     @classmethod
-    def of(cls, pool: Pool, tenants: dict[str, TenantLimit]) -> PoolOut:
-        return cls(name=pool.name, max_attempts=pool.max_attempts, lease_s=pool.lease_s,
+    def of(cls, pool: Pool, tenants: dict[str, TenantLimit],
+           quotas: tuple[int | None, dict[str, int]] = (None, {})) -> PoolOut:
+        return cls(name=pool.name, default_max_pending=quotas[0],
+                   tenant_max_pending=quotas[1], max_attempts=pool.max_attempts,
+                   lease_s=pool.lease_s,
                    default_max_in_flight=pool.default_max_in_flight,
                    priority_aging_s=pool.priority_aging_s, retention_s=pool.retention_s,
                    paused=pool.paused, tool_env=list(pool.tool_env),

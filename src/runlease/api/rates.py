@@ -1,5 +1,6 @@
-"""Tenant submit rates at the API: a submit over the tenant's
-submits_per_minute in the pool is a 429 with Retry-After, and nothing is
+"""Tenant submit rates and queue quotas at the API: a submit over the
+tenant's submits_per_minute in the pool, or past its quota of waiting runs,
+is a 429 (rate_limited, queue_full) with Retry-After, and nothing is
 written. The check and the insert share one transaction (see
 RateStore.submit_wait), so concurrent submits cannot pass the rate together."""
 
@@ -10,14 +11,18 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from runlease.api.errors import ErrorAnswer
+from runlease.db.rates import Throttled
 from runlease.db.store import Conn, RunStore
 
 
 def rate_limited(tenant_id: str, pool: str, wait_s: float) -> ErrorAnswer:
-    retry = max(1, math.ceil(wait_s))
-    return ErrorAnswer(429, "rate_limited",
-                    f"tenant {tenant_id!r} is over its submit rate in pool {pool!r}; "
-                    f"retry in {retry} s", "pool", headers={"Retry-After": str(retry)})
+    return throttled(Throttled("rate_limited", tenant_id, pool, wait_s))
+
+
+def throttled(exc: Throttled) -> ErrorAnswer:
+    retry = max(1, math.ceil(exc.retry_s))
+    return ErrorAnswer(429, exc.code, f"{exc}; retry in {retry} s", "pool",
+                       headers={"Retry-After": str(retry)})
 
 
 @asynccontextmanager
@@ -29,9 +34,10 @@ async def submit_slots(store: RunStore,
     in a cycle)."""
     async with store.connection() as conn, conn.transaction():
         for (pool, tenant_id), n in sorted(wanted.items()):
-            wait_s = await store.submit_wait(pool, tenant_id, n, conn=conn)
-            if wait_s is not None:
-                raise rate_limited(tenant_id, pool, wait_s)
+            try:
+                await store.admit_all(pool, tenant_id, n, conn=conn)
+            except Throttled as exc:
+                raise throttled(exc) from None
         yield conn
 
 

@@ -122,12 +122,24 @@ async def submit(
     """Enqueue a run. The same Idempotency-Key again returns the same run (200).
     Over the tenant's submit rate in the pool: 429 with Retry-After."""
     tenant = tenant_for(body.tenant_id, who)
+    idempotency_key = utf8_header(idempotency_key, "Idempotency-Key")
     parent = body.parent_run_id
     if parent is None and body.webhook_url is None:  # most submits: grouped (submit_group.py)
         result = await groups.submit(new_run(body, tenant, idempotency_key))
     else:
         result = await _submit_alone(body, who, tenant, store, idempotency_key)
     return submitted(result, waker, admin=who.admin)
+
+
+def utf8_header(value: str | None, name: str) -> str | None:
+    """A header's text as the UTF-8 its bytes are: ASGI hands them over as
+    Latin-1, which garbled a non-ASCII key (issue 32); not UTF-8: a 422."""
+    if value is None or value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise ErrorAnswer(422, "invalid_request", f"{name}: must be UTF-8 text", name) from None
 
 
 def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Response:
@@ -331,7 +343,8 @@ async def redrive(run_id: UUID, who: Admin, store: Store) -> RunOut:
 @router.get("/pools", response_model=list[PoolOut])
 async def pools(who: Admin, store: Store) -> list[PoolOut]:
     """Pools and their tenant limits (admin)."""
-    return [PoolOut.of(p, await store.tenant_settings(p.name)) for p in await store.list_pools()]
+    return [PoolOut.of(p, await store.tenant_settings(p.name), await store.queue_quotas(p.name))
+            for p in await store.list_pools()]
 
 
 @router.get("/pools/{pool_name}", response_model=PoolOut,
@@ -344,7 +357,8 @@ async def get_pool(
     pool = await store.get_pool(pool_name)
     if pool is None:
         raise HTTPException(404, f"no pool {pool_name!r}")
-    return PoolOut.of(pool, await store.tenant_settings(pool_name))
+    return PoolOut.of(pool, await store.tenant_settings(pool_name),
+                      await store.queue_quotas(pool_name))
 
 
 @router.put("/pools/{pool_name}", response_model=PoolOut, dependencies=[JsonBody],
@@ -357,8 +371,12 @@ async def put_pool(
     """Create or update a pool: every setting as given (left out: its default);
     its tenant limits, priority bands and rates become exactly those given
     (admin)."""
-    pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
-                                     body.default_max_in_flight, body.priority_aging_s,
-                                     body.retention_s, body.paused, tuple(body.tool_env)),
-                                body.tenants())
-    return PoolOut.of(pool, await store.tenant_settings(pool_name))
+    async with store.connection() as conn, conn.transaction():
+        pool = await store.put_pool(Pool(pool_name, body.max_attempts, body.lease_s,
+                                         body.default_max_in_flight, body.priority_aging_s,
+                                         body.retention_s, body.paused, tuple(body.tool_env)),
+                                    body.tenants(), conn=conn)
+        await store.set_queue_quotas(pool_name, body.default_max_pending,
+                                     body.tenant_max_pending, conn=conn)
+    return PoolOut.of(pool, await store.tenant_settings(pool_name),
+                      await store.queue_quotas(pool_name))

@@ -44,9 +44,11 @@ def _field(n: str) -> str:
 
 
 # The standard cron grammar, each field within its range.
-CRON_PATTERN = (r"^\s*" + r"\s+".join(_field(n) for n in (
+# Fields apart by spaces and tabs only, as core/cron.py reads them (issue 32:
+# `\s` let \v, \f and \r through, which the parser did not take).
+CRON_PATTERN = (r"^[ \t]*" + r"[ \t]+".join(_field(n) for n in (
     r"[0-5]?[0-9]", r"(?:[01]?[0-9]|2[0-3])", r"(?:0?[1-9]|[12][0-9]|3[01])",
-    r"(?:0?[1-9]|1[0-2])", r"[0-7]")) + r"\s*$")
+    r"(?:0?[1-9]|1[0-2])", r"[0-7]")) + r"[ \t]*$")
 ZONES: list[JsonValue] = [*sorted(available_timezones())]
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such schedule (or another tenant's)."}}

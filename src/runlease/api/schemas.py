@@ -34,7 +34,8 @@ LabelValue = Annotated[str, StringConstraints(max_length=run_options.LABEL_VALUE
                                               pattern=run_options.LABEL_VALUE_PATTERN)]
 Labels = dict[LabelKey, LabelValue]
 Status = Literal["pending", "leased", "done", "dead", "cancelled"]
-TENANT_PATTERN = r"^[^\x00-\x20\x7f]+$"  # printable, no spaces: bounds.check_tenant
+# Printable, no spaces, not `*` alone (reserved): bounds.check_tenant.
+TENANT_PATTERN = r"^([^\x00-\x20\x7f*][^\x00-\x20\x7f]*|\*[^\x00-\x20\x7f]+)$"
 # What core/webhooks.host_of accepts, said in the document: http(s), a host
 # name or IPv4 address (no credentials), a port, then printable ASCII.
 WEBHOOK_URL_PATTERN = (r"^https?://[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*"

@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from runlease.api.deps import ApiState
+from runlease.api.header_timeout import with_header_timeout
 from runlease.errors import SettingsError
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,12 @@ class ApiServer(uvicorn.Server):
         # h11, even where httptools is installed: httptools answers a
         # malformed header with its own bare-text 400; h11 lets the app
         # answer in the API's error shape.
+        # (With a deadline on each request's headers: api/header_timeout.py.)
+        state: ApiState = app.state.runlease
+        http = with_header_timeout(state.settings.request_header_timeout_s)
         super().__init__(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                        lifespan="on", access_log=False, http="h11"))
-        self.app_state: ApiState = app.state.runlease
+                                        lifespan="on", access_log=False, http=http))
+        self.app_state = state
         self.own_signals = own_signals
         self.sock = sock
         # Set by run_forever, whose process the server owns (not in tests,

@@ -28,9 +28,10 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
-from runlease.api.rates import rate_limited
+from runlease.api.rates import throttled
 from runlease.core import bounds
 from runlease.db.models import EnqueueResult
+from runlease.db.rates import Throttled
 from runlease.db.runs import NewRun
 from runlease.db.store import Conn, RunStore
 from runlease.errors import DatabaseUnavailable, RunleaseError, ValidationError
@@ -192,7 +193,7 @@ class SubmitGroups:
         them), so two groups never wait on each other in a cycle."""
         wanted = Counter((r.pool or "", r.tenant_id) for r in runs)
         room: dict[tuple[str, str], int] = {}
-        waits: dict[tuple[str, str], float] = {}
+        why: dict[tuple[str, str], Throttled | None] = {}
         invalid: dict[tuple[str, str], ValidationError] = {}
         for pool, tenant in sorted(wanted):
             try:  # as a single submit's rate check would refuse it
@@ -201,8 +202,8 @@ class SubmitGroups:
             except ValidationError as exc:
                 invalid[pool, tenant] = exc
                 continue
-            room[pool, tenant], waits[pool, tenant] = await self.store.submit_room(
-                pool, tenant, wanted[pool, tenant], conn=conn)
+            admitted_room = await self.store.admit(pool, tenant, wanted[pool, tenant], conn=conn)
+            room[pool, tenant], why[pool, tenant] = admitted_room.n, admitted_room.refusal
         admitted: list[int] = []
         refused: dict[int, Exception] = {}
         for i, r in enumerate(runs):
@@ -213,5 +214,7 @@ class SubmitGroups:
                 room[lane] -= 1
                 admitted.append(i)
             else:
-                refused[i] = rate_limited(r.tenant_id, lane[0], waits[lane])
+                refusal = why[lane]
+                assert refusal is not None
+                refused[i] = throttled(refusal)
         return admitted, refused

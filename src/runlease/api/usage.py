@@ -72,7 +72,8 @@ async def usage(
     # answer with what they cover, not a 422: a span longer than the bound
     # is its last MAX_REPORT_DAYS days (the answer's `from` says so), and
     # `from` after `to` covers no day.
-    start = max(start, end - timedelta(days=MAX_REPORT_DAYS - 1))
+    if end.toordinal() > MAX_REPORT_DAYS:  # else no day before it to cut (0001-01-05)
+        start = max(start, end - timedelta(days=MAX_REPORT_DAYS - 1))
     rows = [] if end < start else await store.usage_report(
         start=start, end=end, group_by=group_by, tenant_id=tenant_id, pool=pool)
     return UsageReport.model_validate({

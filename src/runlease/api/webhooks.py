@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, StrictBool
 
 from runlease.api.deps import Admin, JsonBody, Store, Who
 from runlease.api.errors import ErrorAnswer
-from runlease.api.schemas import ErrorBody, Strict
+from runlease.api.schemas import INTEGRAL, ErrorBody, Strict
 from runlease.core import bounds, webhooks
 from runlease.errors import RunNotFound
 
@@ -26,8 +26,10 @@ class WebhookOut(BaseModel):
     tries: int
     next_at: datetime
     delivered_at: datetime | None = None
-    attempts: list[dict[str, Any]] = Field(description="The last attempts: "
-                                                       "{try, at, status_code, error}.")
+    attempts: list[dict[str, Any]] = Field(
+        description="The last attempts: {try, at, status_code, error}; error is a class "
+                    "only: refused, private_address, timeout, connect, protocol, network, "
+                    "http_status.")
 
 
 class WebhookHost(Strict):
@@ -35,6 +37,10 @@ class WebhookHost(Strict):
                       description="A host name or address; `*.example.com` for subdomains.")
     allow_private: StrictBool = Field(False, description="May resolve to loopback, private "
                                                          "or link-local addresses.")
+    ports: list[Annotated[int, Field(strict=True, ge=1, le=65535), INTEGRAL]] = Field(
+        default_factory=list, max_length=webhooks.MAX_PORTS,
+        description="Ports URLs on this host may use beside 80 and 443 (any other is "
+                    "refused: an allowed host is not a port scanner).")
 
 
 class WebhookHosts(Strict):
@@ -57,8 +63,9 @@ async def run_webhook(run_id: UUID, who: Who, store: Store) -> WebhookOut:
 
 @router.get("/webhook-hosts", response_model=WebhookHosts)
 async def webhook_hosts(who: Admin, store: Store) -> WebhookHosts:
-    return WebhookHosts(hosts=[WebhookHost(host=h, allow_private=p)
-                               for h, p in await store.webhook_hosts()])
+    return WebhookHosts(hosts=[WebhookHost(host=r.pattern, allow_private=r.allow_private,
+                                           ports=list(r.ports))
+                               for r in await store.webhook_hosts()])
 
 
 @router.put("/webhook-hosts", response_model=WebhookHosts, dependencies=[JsonBody],
@@ -66,7 +73,8 @@ async def webhook_hosts(who: Admin, store: Store) -> WebhookHosts:
                              "description": "No `Content-Type: application/json`."}})
 async def put_webhook_hosts(body: WebhookHosts, who: Admin, store: Store) -> WebhookHosts:
     """The hosts runs' webhook URLs may name become exactly these (admin)."""
-    await store.set_webhook_hosts([(h.host, h.allow_private) for h in body.hosts])
+    await store.set_webhook_hosts([webhooks.HostRule(h.host, h.allow_private, tuple(h.ports))
+                                   for h in body.hosts])
     return await webhook_hosts(who, store)
 
 

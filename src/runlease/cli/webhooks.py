@@ -17,23 +17,34 @@ def webhooks() -> None:
 
 @webhooks.command("hosts")
 @cli.api_options
-@click.option("--set", "hosts", multiple=True, metavar="HOST[:private]",
+@click.option("--set", "hosts", multiple=True, metavar="HOST[:private][@PORT,...]",
               help="Make the allowlist exactly these hosts (repeatable; `*.example.com` for "
-                   "subdomains; `:private` lets a host resolve to private addresses).")
+                   "subdomains; `:private` lets a host resolve to private addresses; "
+                   "`@8080,8443` allows those ports beside 80 and 443).")
 @click.option("--clear", is_flag=True, help="Allow no host.")
 def hosts(api_url: str, token: str, as_json: bool, hosts: tuple[str, ...],
           clear: bool) -> None:
     """Show (or set, with --set or --clear) the hosts webhook URLs may name."""
     with cli.client(api_url, token) as api:
-        given = [{"host": h.removesuffix(":private"), "allow_private": h.endswith(":private")}
-                 for h in hosts]
+        given = [_host(h) for h in hosts]
         result: Any = api.webhook_hosts(given if hosts or clear else None)
     if as_json:
         cli.emit_json(result)
         return
     for h in result["hosts"]:
         note = "  (private addresses allowed)" if h["allow_private"] else ""
-        cli.console.print(f"{h['host']}{note}")
+        ports = f"  ports 80, 443, {', '.join(map(str, h['ports']))}" if h.get("ports") else ""
+        cli.console.print(f"{h['host']}{note}{ports}")
+
+
+def _host(given: str) -> dict[str, Any]:
+    host, _, ports = given.partition("@")
+    try:
+        numbers = [int(p) for p in ports.split(",") if p]
+    except ValueError:
+        raise click.BadParameter(f"{given!r}: ports are numbers, HOST@8080,8443") from None
+    return {"host": host.removesuffix(":private"), "allow_private": host.endswith(":private"),
+            "ports": numbers}
 
 
 @webhooks.command("secret")

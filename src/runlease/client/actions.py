@@ -80,7 +80,7 @@ class Actions:
                      status: Sequence[str] | None = None, pool: str | None = None,
                      tenant_id: str | None = None, label: Sequence[str] | None = None,
                      dry_run: bool = False) -> Call[BulkView]:
-        """Redrive the dead runs named by `ids`, or else those matching."""
+        """Redrive the dead runs named by `ids`, or else those matching (admin only)."""
         return _bulk_call("redrive", ids, status, pool, tenant_id, label, dry_run)
 
     @sends

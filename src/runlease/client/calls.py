@@ -304,7 +304,7 @@ class Calls:
     @staticmethod
     def webhook_hosts(hosts: builtins.list[dict[str, Any]] | None = None
                       ) -> Call[dict[str, Any]]:
-        """The webhook allowlist (admin): {hosts: [{host, allow_private}]}; with
+        """The webhook allowlist (admin): {hosts: [{host, allow_private, ports}]}; with
         `hosts`, make it exactly those first."""
         if hosts is None:
             return Call("GET", "/v1/webhook-hosts", check)

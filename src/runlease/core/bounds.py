@@ -76,8 +76,16 @@ def _text(field: str, value: object, max_chars: int, pattern: re.Pattern[str]) -
     return value
 
 
+# Not a tenant: the console's session names admin `*` (issue 32: a tenant
+# named so signed in to the console as admin), and `*` reads as "every".
+RESERVED_TENANTS = frozenset({"*"})
+
+
 def check_tenant(value: object) -> str:
-    return _text("tenant_id", value, TENANT_MAX_CHARS, _PRINTABLE_RE)
+    tenant = _text("tenant_id", value, TENANT_MAX_CHARS, _PRINTABLE_RE)
+    if tenant in RESERVED_TENANTS:
+        raise ValidationError("tenant_id", f"{tenant!r} is reserved, not a tenant")
+    return tenant
 
 
 def check_pool(value: object) -> str:
@@ -289,6 +297,10 @@ def check_step_key(value: object) -> str:
 
 
 SUBMITS_PER_MINUTE_MAX = 100_000
+# A tenant's quota of waiting runs in a pool (issue 32): the default a pool
+# has, and the most one may be set to.
+DEFAULT_MAX_PENDING = 100_000
+MAX_PENDING_MAX = 100_000_000
 TOKENS_PER_MINUTE_MAX = 10**12
 MAX_TOKENS_MAX = 10**12
 MAX_COST_MAX = 1e9

@@ -31,6 +31,8 @@ class Cron:
         """The expression and zone, validated (ValidationError names the field)."""
         if not isinstance(expr, str) or not 9 <= len(expr) <= CRON_MAX_CHARS:
             raise ValidationError("cron", "must be a cron expression of 5 fields")
+        if any(c.isspace() and c not in " \t" for c in expr):
+            raise ValidationError("cron", "fields are separated by spaces or tabs only")
         fields = expr.split()
         if len(fields) != 5:
             raise ValidationError("cron", "must have 5 fields (minute hour day-of-month month "

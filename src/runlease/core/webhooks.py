@@ -8,7 +8,11 @@ A delivery is `POST <url>` with a JSON body and two headers:
 
 The receiver recomputes the HMAC over the raw body and refuses a timestamp
 older than a few minutes (a replayed delivery); the body's `delivery_id`
-(the run id and the try) lets it drop a repeat it already handled.
+is the same on every try of one delivery (`try` counts them), so a
+receiver drops a repeat it already handled.
+
+A URL's port must be 80 or 443, or one the admin listed for its host: an
+allowed host is not a port scanner (`port_allowed`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from runlease.errors import ValidationError
@@ -27,6 +32,44 @@ SIGNATURE_HEADER = "Runlease-Signature"
 DEFAULT_TOLERANCE_S = 300
 HOST_PATTERN = r"^(\*\.)?[a-z0-9]([a-z0-9.:\[\]-]{0,251}[a-z0-9\]])?$"
 _HOST_RE = re.compile(HOST_PATTERN)
+@dataclass(frozen=True)
+class WebhookLimits:
+    """What deliveries may cost the process that sends them."""
+
+    deadline_s: float = 15.0  # one delivery, whole: resolve, connect, send, read
+    max_response_bytes: int = 64 * 1024  # of an answer, read and discarded
+    in_flight: int = 64  # deliveries at once, all tenants
+    per_tenant: int = 4  # deliveries at once of one tenant
+    lease_s: int = 60  # a taken delivery is out of reach this long (> deadline_s: at most 50)
+
+
+STANDARD_PORTS = (80, 443)
+MAX_PORTS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class HostRule:
+    """One entry of the admin's allowlist."""
+
+    pattern: str
+    allow_private: bool = False
+    ports: tuple[int, ...] = ()  # beside 80 and 443
+
+
+def check_ports(ports: object) -> tuple[int, ...]:
+    if not isinstance(ports, list | tuple) or len(ports) > MAX_PORTS or not all(
+            isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 65535 for p in ports):
+        raise ValidationError("ports", f"at most {MAX_PORTS} ports, each 1..65535")
+    return tuple(sorted(set(ports)))
+
+
+def port_of(url: str) -> int:
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def port_allowed(port: int, rule: HostRule) -> bool:
+    return port in STANDARD_PORTS or port in rule.ports
 
 
 def check_host_pattern(pattern: object) -> str:
@@ -55,12 +98,13 @@ def host_of(url: object) -> str:
     return parts.hostname.lower()
 
 
-def allowed(host: str, patterns: Iterable[tuple[str, bool]]) -> tuple[bool, bool]:
-    """(the host is on the allowlist, it may resolve to private addresses)."""
-    for pattern, private in patterns:
+def allowed(host: str, rules: Iterable[HostRule]) -> HostRule | None:
+    """The allowlist's entry for the host, if any."""
+    for rule in rules:
+        pattern = rule.pattern
         if pattern == host or (pattern.startswith("*.") and host.endswith(pattern[1:])):
-            return True, private
-    return False, False
+            return rule
+    return None
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:

@@ -18,6 +18,7 @@ from runlease.core.states import RunStatus
 from runlease.db.channels import POOL_CHANNEL_PREFIX
 from runlease.db.executor import Conn, stale_writes
 from runlease.db.models import Lease, Run
+from runlease.db.rates import RateStore
 from runlease.db.runs import NewRun, QueueStore
 from runlease.errors import LeaseLost, RunNotFound, ValidationError
 
@@ -44,7 +45,7 @@ class ChildOutcome:
                 "error_code": self.error_code}
 
 
-class ChildStore(QueueStore):
+class ChildStore(QueueStore, RateStore):
     async def check_parent(self, parent_id: UUID, tenant_id: str, *, conn: Conn,
                            admin: bool = False) -> None:
         """In the transaction that enqueues a child: the parent exists and is
@@ -81,9 +82,15 @@ class ChildStore(QueueStore):
             rows = await self._fenced_share(lease, c)
             if rows["children"] >= MAX_CHILDREN:
                 raise ParentRefused("child", f"a run has at most {MAX_CHILDREN} children")
-            result = (await self.enqueue_many(pool or lease.run.pool, [NewRun(
+            child_pool = pool or lease.run.pool
+            child_key = f"child:{lease.run_id}:{key}"[:255]
+            if not await self.key_taken(child_pool, lease.run.tenant_id, child_key, conn=c):
+                # A child is a submit of the tenant's: its rate and queue
+                # quota count it (issue 32); Throttled reaches the agent.
+                await self.admit_all(child_pool, lease.run.tenant_id, 1, conn=c)
+            result = (await self.enqueue_many(child_pool, [NewRun(
                 lease.run.tenant_id, input, priority, max_attempts, budget,
-                f"child:{lease.run_id}:{key}"[:255])], conn=c))[0]
+                child_key)], conn=c))[0]
             if not result.inserted:
                 return result.run
             return await self.set_parent(result.run, lease.run_id, conn=c)

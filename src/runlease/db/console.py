@@ -33,6 +33,15 @@ class StatusCounts:
 class ConsoleStore(Executor):
     """Console reads; every one tenant-scoped when given a tenant."""
 
+    async def sign_out(self, nonce: str, expires: int, *, conn: Conn | None = None) -> None:
+        """The console session with this nonce is over, though its cookie
+        (stateless, signed) would be valid until `expires` (unix seconds)."""
+        await self._rows("console_signout_add", {"nonce": nonce[:64], "expires": expires}, conn)
+
+    async def signed_out(self, nonce: str, *, conn: Conn | None = None) -> bool:
+        rows = await self._rows("console_signed_out", {"nonce": nonce[:64]}, conn)
+        return bool(rows[0]["out"])
+
     async def status_counts(
         self, *, tenant_id: str | None = None, pool: str | None = None,
         conn: Conn | None = None,

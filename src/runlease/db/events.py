@@ -63,6 +63,12 @@ class EventStore(Executor):
         }, conn)
         return int(rows[0]["event_seq"])
 
+    async def tool_output_used(self, run_id: UUID, *,
+                               conn: Conn | None = None) -> tuple[int, int]:
+        """(events, bytes of text) the run's tools have stored, all attempts."""
+        rows = await self._rows("run_tool_output_used", {"id": run_id}, conn)
+        return int(rows[0]["events"]), int(rows[0]["bytes"])
+
     async def record_event(
         self, lease: Lease, kind: str, data: Mapping[str, Any], *, conn: Conn | None = None
     ) -> int:

@@ -108,6 +108,33 @@ class PoolStore(Executor):
         """The pool has no owner any more, if `owner` was it."""
         await self._rows("pool_owner_release", {"name": pool, "owner": owner}, conn)
 
+    async def set_queue_quotas(
+        self, pool: str, default: int | None, tenants: Mapping[str, int], *,
+        conn: Conn | None = None
+    ) -> None:
+        """The pool's quota of waiting runs per tenant (`default`, None: no
+        quota) and the tenants' own, exactly those given (issue 32)."""
+        bounds.check_pool(pool)
+        for tenant, quota in [("(default)", default), *tenants.items()]:
+            if tenant != "(default)":
+                bounds.check_tenant(tenant)
+            if quota is not None and not 0 <= quota <= bounds.MAX_PENDING_MAX:
+                raise ValidationError("max_pending", f"0..{bounds.MAX_PENDING_MAX}")
+        async with self.connection(conn) as c, c.transaction():
+            if not await self._rows("pool_quota_set", {"pool": pool, "max_pending": default}, c):
+                raise UnknownPool(pool)
+            await self._rows("tenant_quotas_replace", {
+                "pool": pool, "tenants": list(tenants), "quotas": list(tenants.values())}, c)
+            await self._rows("tenant_limits_prune_all", {"pool": pool}, c)
+
+    async def queue_quotas(self, pool: str, *,
+                           conn: Conn | None = None) -> tuple[int | None, dict[str, int]]:
+        """The pool's default quota of waiting runs, and the tenants' own."""
+        rows = await self._rows("queue_quotas_get", {"pool": pool}, conn)
+        if not rows:
+            raise UnknownPool(pool)
+        return rows[0]["default_max_pending"], dict(rows[0]["tenants"])
+
     async def set_tenant_limit(
         self, pool: str, tenant_id: str, max_in_flight: int | None, *, conn: Conn | None = None
     ) -> None:

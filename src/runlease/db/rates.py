@@ -1,13 +1,48 @@
-"""Tenant rates: how long a tenant must wait before it may submit more runs
-(statements in sql/rates.sql). The token rate is checked inside the claim."""
+"""Tenant rates and queue quotas: how long a tenant must wait before it may
+submit more runs, and how many more it may have waiting (statements in
+sql/rates.sql). The token rate is checked inside the claim.
+
+Every path that enqueues for a tenant asks here first (`admit`): the API's
+submits and batches, schedules' ticks (db/schedules.py) and child runs
+(db/children.py), so no path walks around a limit."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from runlease.core import bounds
 from runlease.db.executor import Conn, Executor
+from runlease.errors import RunleaseError
+
+# Retry-After of a submit refused for the quota: waiting runs leave the
+# queue as workers take them, at no rate the API can foresee.
+QUEUE_FULL_RETRY_S = 10.0
+
+
+class Throttled(RunleaseError):
+    """A submit refused by a tenant's limit: `code` rate_limited (its submit
+    rate) or queue_full (its quota of waiting runs); `retry_s` the wait."""
+
+    def __init__(self, code: str, tenant_id: str, pool: str, retry_s: float,
+                 quota: int | None = None) -> None:
+        what = (f"over its submit rate in pool {pool!r}" if code == "rate_limited" else
+                f"at its quota of {quota} waiting runs in pool {pool!r}")
+        super().__init__(f"tenant {tenant_id!r} is {what}")
+        self.code = code
+        self.tenant_id = tenant_id
+        self.pool = pool
+        self.retry_s = retry_s
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """How many of the runs asked for a (pool, tenant) may go in now, and
+    why the others may not."""
+
+    n: int
+    refusal: Throttled | None = None
 
 # Run ids are UUIDv7 minted by the enqueuing process: the floor leaves room
 # for that process's clock to be off from the database's.
@@ -68,3 +103,42 @@ class RateStore(Executor):
             "floor": _id_floor(now - timedelta(seconds=60) - _ID_FLOOR_MARGIN)}, conn)
         wait_s = recent[0]["wait_s"]
         return int(recent[0]["recent"]), None if wait_s is None else float(wait_s)
+
+    async def queue_room(self, pool: str, tenant_id: str, n: int, *,
+                         conn: Conn) -> tuple[int, int | None]:
+        """How many of n more runs fit under the tenant's quota of waiting
+        runs in the pool, and the quota (None: none). Not locked: submits
+        in flight together may pass it by as many as they are."""
+        rows = await self._rows("tenant_queue_room", {"pool": pool, "tenant": tenant_id}, conn)
+        if not rows or rows[0]["quota"] is None:
+            return n, None
+        quota = int(rows[0]["quota"])
+        return max(0, min(n, quota - int(rows[0]["waiting"]))), quota
+
+    async def admit(self, pool: str, tenant_id: str, n: int = 1, *, conn: Conn) -> Room:
+        """How many of n runs, in order, the tenant's submit rate and queue
+        quota let in now (in the transaction that enqueues them: see
+        submit_room for the rate's lock)."""
+        room, wait_s = await self.submit_room(pool, tenant_id, n, conn=conn)
+        refusal = Throttled("rate_limited", tenant_id, pool, wait_s) if room < n else None
+        if room > 0:
+            fits, quota = await self.queue_room(pool, tenant_id, room, conn=conn)
+            if fits < room:
+                room = fits
+                refusal = Throttled("queue_full", tenant_id, pool, QUEUE_FULL_RETRY_S, quota)
+        return Room(room, refusal)
+
+    async def admit_all(self, pool: str, tenant_id: str, n: int = 1, *, conn: Conn) -> None:
+        """All n runs (a batch), or Throttled."""
+        wait_s = await self.submit_wait(pool, tenant_id, n, conn=conn)
+        if wait_s is not None:
+            raise Throttled("rate_limited", tenant_id, pool, wait_s)
+        fits, quota = await self.queue_room(pool, tenant_id, n, conn=conn)
+        if fits < n:
+            raise Throttled("queue_full", tenant_id, pool, QUEUE_FULL_RETRY_S, quota)
+
+    async def key_taken(self, pool: str, tenant_id: str, key: str, *, conn: Conn) -> bool:
+        """A run of the tenant's in the pool has this idempotency key."""
+        rows = await self._rows("run_key_taken", {"pool": pool, "tenant": tenant_id,
+                                                  "key": key}, conn)
+        return bool(rows[0]["taken"])

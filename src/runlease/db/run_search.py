@@ -118,10 +118,18 @@ def id_range(prefix: str) -> tuple[UUID, UUID]:
     return (UUID(digits.ljust(32, "0")), UUID(digits.ljust(32, "f")))
 
 
-def uuid_floor(at: datetime) -> UUID:
-    """The smallest UUIDv7 of `at`'s millisecond."""
-    ms = max(0, int(at.timestamp() * 1000))
-    return UUID(int=(ms & ((1 << 48) - 1)) << 80)
+_MS_MAX = (1 << 48) - 1
+
+
+def uuid_floor(at: datetime, shift: timedelta = timedelta(0)) -> UUID:
+    """The smallest UUIDv7 of the millisecond `at + shift`, clamped to the
+    UUIDv7 range: a time at either end of the calendar (0001-01-01, or
+    9999-12-31 with a negative offset) is a filter, not an OverflowError."""
+    try:
+        ms = int(at.timestamp() * 1000) + int(shift.total_seconds() * 1000)
+    except (OverflowError, ValueError):
+        ms = 0 if at.year < 5000 else _MS_MAX
+    return UUID(int=min(_MS_MAX, max(0, ms)) << 80)
 
 
 # With its lease's expiry: the holder incarnation's (one lookup by primary
@@ -277,7 +285,7 @@ def _narrow(f: RunFilter, key: sql.Composable, p: dict[str, Any],
         where.append(sql.SQL("r.{} {} {}").format(sql.Identifier(column), sql.SQL(op),
                                                    sql.Placeholder(name)))
         if bound is not None:
-            p[name + "_id"] = uuid_floor(at + bound)
+            p[name + "_id"] = uuid_floor(at, bound)
             where.append(sql.SQL("{} {} {}").format(key, sql.SQL(op),
                                                     sql.Placeholder(name + "_id")))
 

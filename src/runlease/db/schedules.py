@@ -27,6 +27,7 @@ from runlease.core.schedule_fields import ScheduleFields
 from runlease.core.states import TERMINAL
 from runlease.db.executor import Conn
 from runlease.db.models import _pick
+from runlease.db.rates import RateStore, Throttled
 from runlease.db.runs import NewRun, QueueStore
 from runlease.db.webhooks import WebhookStore
 from runlease.errors import (
@@ -85,7 +86,7 @@ def tick_key(schedule_id: UUID, tick: datetime) -> str:
     return f"schedule:{schedule_id}:{tick.isoformat()}"
 
 
-class ScheduleStore(QueueStore, WebhookStore):
+class ScheduleStore(QueueStore, RateStore, WebhookStore):
     async def create_schedule(
         self, tenant_id: str, name: str, cron: Cron, template: Mapping[str, Any], *,
         overlap: Overlap = "skip", paused: bool = False, conn: Conn | None = None,
@@ -200,6 +201,9 @@ class ScheduleStore(QueueStore, WebhookStore):
             try:
                 # A savepoint: a refused enqueue must not undo the advance.
                 async with c.transaction():
+                    # A tick is a submit of the tenant's: its rate and queue
+                    # quota count it, as they count the API's (issue 32).
+                    await self.admit_all(schedule.pool, schedule.tenant_id, 1, conn=c)
                     (result,) = await self.enqueue_many(
                         schedule.pool,
                         [new_run(schedule.tenant_id, schedule.template,
@@ -212,9 +216,10 @@ class ScheduleStore(QueueStore, WebhookStore):
                             result.run.id, schedule.tenant_id,
                             await self.check_webhook_url(url, conn=c), conn=c)
                 run_id = result.run.id
-            except (ValidationError, IdempotencyConflict) as exc:
-                # The pool was deleted, the tenant's band moved, or the
-                # tenant took the tick's key: say so on the schedule.
+            except (ValidationError, IdempotencyConflict, Throttled) as exc:
+                # The pool was deleted, the tenant's band moved, the tenant
+                # is over its rate or quota, or it took the tick's key: say
+                # so on the schedule.
                 error = f"not enqueued: {exc}"[:1024]
         await self._rows("schedule_advance", {
             "id": schedule.id, "next_tick_at": cron.next_after(now), "tick": tick,

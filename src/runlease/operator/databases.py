@@ -21,6 +21,7 @@ from runlease.operator.spec import PoolSpec
 from runlease.services.leader import LeaderElector
 from runlease.services.reaper import Reaper
 from runlease.services.scheduler import Scheduler
+from runlease.services.webhooks import WebhookDispatcher
 from runlease.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class Database:
     elector: LeaderElector | None
     reaper: Reaper | None
     scheduler: Scheduler | None = None
+    webhooks: WebhookDispatcher | None = None
 
 
 class Databases:
@@ -62,7 +64,7 @@ class Databases:
         await conn_pool.open(wait=False)
         store = RunStore(conn_pool)
         s = self.settings
-        elector = reaper = scheduler = None
+        elector = reaper = scheduler = webhooks = None
         if s.reaper:
             elector = LeaderElector(store, self.identity, ttl_s=s.leader_ttl_s)
             reaper = Reaper(store, elector, interval_s=s.reaper_interval_s)
@@ -70,7 +72,10 @@ class Databases:
             reaper.start()
             scheduler = Scheduler(store, elector)
             scheduler.start()
-        db = self._by_url[url] = Database(store, elector, reaper, scheduler)
+            webhooks = WebhookDispatcher(store, elector, interval_s=min(1.0, s.reaper_interval_s),
+                                           limits=s.webhook_limits())
+            webhooks.start()
+        db = self._by_url[url] = Database(store, elector, reaper, scheduler, webhooks)
         log.info("database_added reaper=%s", bool(reaper))
         return db
 
@@ -109,7 +114,7 @@ class Databases:
 
     async def close(self) -> None:
         for db in self._by_url.values():
-            for service in (db.scheduler, db.reaper, db.elector):
+            for service in (db.webhooks, db.scheduler, db.reaper, db.elector):
                 if service is not None:
                     await service.stop(2)
             await db.store.conn_pool.close()

@@ -151,6 +151,11 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
     if policy not in PULL_POLICIES:
         raise InvalidSpec(f"spec.imagePullPolicy must be one of {', '.join(PULL_POLICIES)}")
     default_limit = _optional_int(spec, "tenants.defaultMaxInFlight")
+    if default_limit is None:
+        default_limit = default_share(
+            _int(spec, "tenants.defaultSharePercent", DEFAULT_SHARE_PERCENT, 1, 100),
+            _int(spec, "replicas.max", 10, 1, 1000), _int(spec, "concurrencyPerWorker", 10, 1,
+                                                          1000))
     parsed = PoolSpec(
         name=name, namespace=namespace, pool=pool, image=image, agent=agent,
         database_secret=secret_name, database_key=secret_key,
@@ -292,6 +297,20 @@ def _bounded(where: str, check: Callable[[object], T], value: object) -> T:
         return check(value)
     except ValidationError as exc:
         raise InvalidSpec(f"{where}: {exc.message}") from None
+
+
+# A tenant's share of a pool's slots when the spec sets no default cap
+# (issue 32: with none, one tenant held every slot and another waited 27 s).
+DEFAULT_SHARE_PERCENT = 50
+
+
+def default_share(percent: int, replicas_max: int, concurrency: int) -> int | None:
+    """Each tenant's default cap on runs leased at once: `percent` of the
+    pool's slots at its most replicas (under a flood the autoscaler gets
+    there; 100: no cap), at least 1."""
+    if percent >= 100:
+        return None
+    return max(1, -(-percent * replicas_max * concurrency // 100))
 
 
 def _optional_int(spec: Mapping[str, Any], path: str) -> int | None:

@@ -2,7 +2,8 @@
 registry's stale rows, folding the queue counts' deltas and the workers'
 stale writes (the console's lease health per pool); and the leader's
 economics passes: the usage rollup, parents whose children have finished
-made due again, completion webhooks.
+made due again. (Completion webhooks are not in the pass: a receiver must
+not delay a reap. services/webhooks.py's dispatcher sends them, beside it.)
 
 A lease belongs to a worker incarnation: reaping ends the incarnations
 that stopped renewing and requeues the runs they held, in the same
@@ -29,7 +30,6 @@ from runlease import metrics
 from runlease.db.store import RunStore
 from runlease.services.leader import LeaderElector
 from runlease.services.loop import PeriodicService
-from runlease.services.webhooks import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,6 @@ class Reaper(PeriodicService):
         self.bounds = bounds
         self.forget_workers_after_s = forget_workers_after_s
         self._passes = 0
-        self.webhooks = WebhookSender(store)
 
     async def run_once(self) -> None:
         if not self.elector.is_leader:
@@ -77,7 +76,6 @@ class Reaper(PeriodicService):
         await self.fold_pool_health()
         await self.roll_up_usage()
         await self.wake_parents()
-        await self.webhooks.run_once()
 
     async def _in_batches(self, batch: Callable[[], Awaitable[int]]) -> int:
         """`batch()` (one bounded batch: how many rows it did) until a batch is

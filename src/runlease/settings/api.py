@@ -56,6 +56,9 @@ class ApiSettings:
         200, "Event streams one tenant may hold open on one API process; a stream past it "
              "is refused with 429, so one tenant cannot take the process's streams from "
              "the others.", minimum=1, maximum=100_000)
+    request_header_timeout_s: float = setting(
+        10.0, "Seconds a request's line and headers may take to arrive; a slower "
+              "connection is closed (slowloris).", minimum=0.1, maximum=300.0)
     log_json: bool = setting(False, "Log one JSON object per line.")
 
     def check(self) -> None:

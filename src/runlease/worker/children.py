@@ -18,8 +18,10 @@ from typing import Any, TypeVar
 
 from runlease.core.states import TERMINAL
 from runlease.db.models import Lease
+from runlease.db.rates import Throttled
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError
+from runlease.worker.errors import RetryableError
 
 T = TypeVar("T")
 Step = Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
@@ -47,9 +49,15 @@ class Children:
         key = key if key is not None else str(self._n)
 
         async def submit() -> str:
-            run = await self._write(lambda: self._store.submit_child(
-                self._lease, input, key=key, pool=pool, priority=priority,
-                max_attempts=max_attempts, budget=budget))
+            try:
+                run = await self._write(lambda: self._store.submit_child(
+                    self._lease, input, key=key, pool=pool, priority=priority,
+                    max_attempts=max_attempts, budget=budget))
+            except Throttled as exc:
+                # The tenant's rate or queue quota (issue 32): uncaught, the
+                # parent is retried once the wait is over, as for a 429.
+                raise RetryableError(str(exc), code=exc.code,
+                                     retry_after_s=exc.retry_s) from None
             return str(run.id)
 
         child_id: str = await self._step(f"child:{key}", submit)

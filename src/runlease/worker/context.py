@@ -36,7 +36,7 @@ from runlease.worker.cancellable_http import CancellableHttp
 from runlease.worker.children import Children
 from runlease.worker.deltas import DeltaStream
 from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
-from runlease.worker.tool_output import OutputEvents
+from runlease.worker.tool_output import STREAM_MAX_BYTES, OutputEvents
 from runlease.worker.tools import ToolResult, ToolRunner
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,13 @@ class Fence(Protocol):
 
     def may_write(self) -> bool: ...
 
+
+# A run's tool output stored as events, over all its tool calls and attempts
+# (issue 32: each call was bounded, the run was not: 11.8 kB of input stored
+# 14.4 MB). Past either bound the rest is not stored, and one note (stream
+# "note", run_truncated) says so; the steps' own results are not affected.
+RUN_TOOL_OUTPUT_MAX_BYTES = 1024 * 1024
+RUN_TOOL_OUTPUT_MAX_EVENTS = 1000
 
 class RunContext:
     def __init__(
@@ -91,6 +98,10 @@ class RunContext:
         self._http: CancellableHttp | None = None
         self._write_lock_: asyncio.Lock | None = None
         self._stream: DeltaStream | None = None
+        # [events, bytes] of tool output the run has stored, loaded on the
+        # first tool call that streams its output.
+        self._output_used: list[int] | None = None
+        self._output_cut = False
 
     @property
     def http(self) -> CancellableHttp:
@@ -280,7 +291,12 @@ class RunContext:
                 await self.check()  # the run's deadline, not the tool's own timeout
                 raise
         await self.flush()
-        output = OutputEvents(output_event, output_data, redactor=self.store.redactor)
+        if self._output_used is None:
+            self._output_used = list(await self._write(
+                lambda: self.store.tool_output_used(self.run_id)))
+        left = max(0, RUN_TOOL_OUTPUT_MAX_BYTES - self._output_used[1])
+        output = OutputEvents(output_event, output_data, redactor=self.store.redactor,
+                              max_bytes=min(STREAM_MAX_BYTES, left))
         wake, done = asyncio.Event(), asyncio.Event()
 
         def seen(stream: str, chunk: bytes) -> None:
@@ -321,10 +337,40 @@ class RunContext:
         done.set()
         wake.set()
         await pump
-        if events := output.finish():
+        events = output.finish()
+        if output.dropped and output.max_bytes < STREAM_MAX_BYTES:
+            # The run's bound cut it, not the call's: one note for the run.
+            events = [e for e in events if e[1].get("stream") != "note"]
+            events += self._run_cut_note(output.kind, output.data)
+        if events:
             await self._write_events(events)
 
+    def _run_cut_note(self, kind: str, data: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        if self._output_cut:
+            return []
+        self._output_cut = True
+        return [(kind, {**data, "stream": "note", "truncated": True, "run_truncated": True,
+                        "text": f"[the run's tool output is over its bound of "
+                                f"{RUN_TOOL_OUTPUT_MAX_BYTES} bytes or "
+                                f"{RUN_TOOL_OUTPUT_MAX_EVENTS} events: the rest is not "
+                                "stored]\n"})]
+
     async def _write_events(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        used = self._output_used
+        if used is not None:  # tool output: within the run's bounds
+            room = max(0, RUN_TOOL_OUTPUT_MAX_EVENTS - 1 - used[0])  # 1 kept for the note
+            notes = [e for e in events if e[1].get("run_truncated")]
+            if len(events) - len(notes) > room:
+                kind, data = events[0][0], {k: v for k, v in events[0][1].items()
+                                            if k not in ("stream", "text", "truncated")}
+                events = [e for e in events if not e[1].get("run_truncated")][:room]
+                events += self._run_cut_note(kind, data)
+            else:
+                events = [e for e in events if not e[1].get("run_truncated")] + notes
+            if not events:
+                return
+            used[0] += len(events)
+            used[1] += sum(len(str(e[1].get("text", "")).encode()) for e in events)
         async with self._write_lock:
             await self._write(lambda: self.store.record_events(self.lease, events))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -352,9 +353,12 @@ class Runner:
         else:
             code = ErrorCode.UNEXPECTED.value
             message = "".join(traceback.format_exception_only(error)).strip()
+            # The tenant reads this: frames by file name, no server path (issue 32).
             tb = traceback.extract_tb(error.__traceback__)[-3:]
-            message += "\n" + "".join(traceback.format_list(tb))
-            log.warning("run_raised run_id=%s error=%s", lease.run_id, message.splitlines()[0])
+            message += "".join(f"\n  {os.path.basename(f.filename)}:{f.lineno} in {f.name}"
+                               for f in tb)
+            log.warning("run_raised run_id=%s error=%s", lease.run_id, message.splitlines()[0],
+                        exc_info=error)
         status = await self._retry(handle, lambda: self.store.nack(
             lease, code, message, retry_after_s=retry_after))
         return Outcome.RETRYING if status == RunStatus.PENDING else Outcome(status.value)

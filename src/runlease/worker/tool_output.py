@@ -51,7 +51,8 @@ class OutputEvents:
         if stream not in self._decoders:
             self._decoders[stream] = codecs.getincrementaldecoder("utf-8")(errors="replace")
             self._holds[stream] = StreamHoldback(self.redactor)
-        self._add(stream, self._holds[stream].feed(self._decoders[stream].decode(chunk)))
+        text = self._decoders[stream].decode(chunk).replace("\0", "\ufffd")  # jsonb has no NUL
+        self._add(stream, self._holds[stream].feed(text))
 
     def _add(self, stream: str, text: str) -> None:
         if not text:
@@ -82,7 +83,8 @@ class OutputEvents:
         """The rest, once the tool has ended: what was held, and the note."""
         for stream, decoder in self._decoders.items():
             hold = self._holds[stream]
-            self._add(stream, hold.feed(decoder.decode(b"", final=True)) + hold.end())
+            rest = decoder.decode(b"", final=True).replace("\0", "\ufffd")
+            self._add(stream, hold.feed(rest) + hold.end())
         events = self.take()
         if self.dropped:
             events.append((self.kind, {**self.data, "stream": "note", "truncated": True,

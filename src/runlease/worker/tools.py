@@ -50,6 +50,13 @@ def lifeline() -> int:
     return _lifeline[0]
 
 
+def printable(raw: bytes) -> str:
+    """A tool's output as text that can be stored: invalid UTF-8 and NUL
+    (which PostgreSQL's jsonb cannot hold) as U+FFFD (issue 32: a NUL ended
+    the run with a traceback)."""
+    return raw.decode(errors="replace").replace("\0", "\ufffd")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     argv: tuple[str, ...]
@@ -232,8 +239,8 @@ class ToolRunner:
                     code = int(numbers[0])
                 else:  # no status: the guard itself was killed before the tool ended
                     code = proc.returncode if proc.returncode else -signal.SIGKILL
-                return ToolResult(tuple(argv), code, out.decode(errors="replace"),
-                                  err.decode(errors="replace"), time.monotonic() - started)
+                return ToolResult(tuple(argv), code, printable(out), printable(err),
+                                  time.monotonic() - started)
             await asyncio.shield(self._stop(proc, output))
             if cancelled in done:
                 raise RunCancelled(f"tool {argv[0]} stopped: the run was cancelled")

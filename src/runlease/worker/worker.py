@@ -44,6 +44,7 @@ from runlease.services.leader import LeaderElector
 from runlease.services.listener import Listener
 from runlease.services.reaper import Reaper
 from runlease.services.scheduler import Scheduler
+from runlease.services.webhooks import WebhookDispatcher
 from runlease.settings import WorkerSettings
 from runlease.settings.worker import load_agent
 from runlease.worker import toolenv
@@ -158,6 +159,10 @@ class Worker:
         self.reaper = (Reaper(self.store, self.elector, interval_s=s.reaper_interval_s)
                        if self.elector else None)
         self.scheduler = Scheduler(self.store, self.elector) if self.elector else None
+        self.webhooks = (WebhookDispatcher(self.store, self.elector,
+                                           interval_s=min(1.0, s.reaper_interval_s),
+                                           limits=s.webhook_limits())
+                         if self.elector else None)
         self.probes = (ProbeServer(s.metrics_host, s.metrics_port, health=self._healthy,
                                    ready=self._ready) if s.metrics_port else None)
         metrics.WORKER_SLOTS.labels(s.pool).set(s.concurrency)
@@ -169,7 +174,7 @@ class Worker:
             if self.probes:
                 await self.probes.start()
             for service in (self.acker, self.keeper, self.listener, self.elector, self.reaper,
-                            self.scheduler):
+                            self.scheduler, self.webhooks):
                 if service is not None:
                     service.start()
             if self.handle_signals:
@@ -265,8 +270,8 @@ class Worker:
         await self._wait_runs(5)
         for task in list(self._tasks):
             task.cancel()
-        for service in (self.scheduler, self.reaper, self.elector, self.listener, self.keeper,
-                        self.acker):
+        for service in (self.webhooks, self.scheduler, self.reaper, self.elector,
+                        self.listener, self.keeper, self.acker):
             if service is not None:
                 await service.stop(2.0)
         if self.probes:
@@ -302,7 +307,7 @@ class Worker:
         self.held[lease.run_id] = handle
         self.active.add(handle)
         metrics.child(metrics.RUNS_CLAIMED, s.pool).inc()
-        metrics.child(metrics.RUNS_IN_FLIGHT, s.pool, lease.run.tenant_id).inc()
+        metrics.child(metrics.RUNS_IN_FLIGHT, s.pool).inc()
         log.debug("run_claimed run_id=%s tenant=%s attempt=%s epoch=%s", lease.run_id,
                  lease.run.tenant_id, lease.run.attempts, lease.epoch)
         early = self._early_cancels.pop(lease.run_id, None) if self._early_cancels else None
@@ -331,8 +336,7 @@ class Worker:
         # Its task is done with: a failed agent's traceback reaches the handle
         # (through the context's fence), a cycle only the collector would free.
         handle.task = None
-        metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool,
-                      handle.lease.run.tenant_id).dec()
+        metrics.child(metrics.RUNS_IN_FLIGHT, self.settings.pool).dec()
         self._slot_freed.set()
         self._wake.set()
 

@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 from runlease.api.auth import Principal, TokenRegistry
 from runlease.api.console.render import Renderer
 from runlease.api.console.session import COOKIE, Session, Sessions
+from runlease.api.console.throttle import SignInThrottle
 from runlease.api.deps import api_state
 from runlease.db.models import Run
 from runlease.db.store import RunStore
@@ -50,6 +51,7 @@ class BadRequest(Exception):
 class ConsoleState:
     sessions: Sessions
     renderer: Renderer = field(default_factory=Renderer)
+    throttle: SignInThrottle = field(default_factory=SignInThrottle)
     _tokens: dict[str, Principal] | None = None
 
     def principal_of(self, registry: TokenRegistry, token_id: str) -> Principal | None:
@@ -95,6 +97,8 @@ async def viewer(request: Request) -> Viewer:
     if session is None or console_state(request).principal_of(
             api_state(request).tokens, session.token_id) != session.principal:
         raise SignIn
+    if await api_state(request).opened().store.signed_out(session.nonce):
+        raise SignIn  # signed out: the cookie is dead before it expires (issue 32)
     return Viewer(session, sessions.csrf(session))
 
 

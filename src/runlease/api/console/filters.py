@@ -34,7 +34,10 @@ def _when(text: str, tz_minutes: int, name: str) -> datetime | None:
     except ValueError:
         raise BadRequest(f"{name}: not a date and time") from None
     if at.tzinfo is None:
-        at = (at + timedelta(minutes=tz_minutes)).replace(tzinfo=UTC)
+        try:
+            at = (at + timedelta(minutes=tz_minutes)).replace(tzinfo=UTC)
+        except OverflowError:  # at an end of the calendar: that end (issue 32: a 500)
+            at = (datetime.min if at.year < 5000 else datetime.max).replace(tzinfo=UTC)
     return at
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from typing import Any
 from uuid import UUID
@@ -66,11 +67,20 @@ async def login(request: Request) -> Response:
     if not same_origin(request):
         return state.renderer.page(request, "login.html",
                                    {"error": "This form came from another site."}, 403)
+    client = request.client.host if request.client else ""
+    wait_s = state.throttle.wait_s(client)
+    if wait_s:  # too many wrong tokens from here lately (console/throttle.py)
+        retry = max(1, math.ceil(wait_s))
+        throttled = state.renderer.page(request, "login.html", {
+            "error": f"Too many failed sign-ins: try again in {retry} s."}, 429)
+        throttled.headers["Retry-After"] = str(retry)
+        return throttled
     fields = await form_fields(request)
     token = (fields.get("token") or [""])[0].strip()
     tokens = api_state(request).tokens
     who = tokens.authenticate(token) if token else None
     if who is None:
+        state.throttle.failed(client)
         return state.renderer.page(request, "login.html",
                                    {"error": "Unknown token: give a tenant or admin token."},
                                    401)
@@ -84,6 +94,10 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request, form: Form) -> Response:
+    # The cookie is signed, not stored: it is dead only once its nonce is
+    # recorded as signed out (a copy kept elsewhere would still work).
+    session = form.viewer.session
+    await api_state(request).opened().store.sign_out(session.nonce, session.expires)
     response = see_other("/ui/login")
     response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict",
                            secure=request.url.scheme == "https")

@@ -49,3 +49,20 @@ SELECT seq, kind, data, created_at
  WHERE run_id = %(id)s AND kind LIKE 'run.%%'
  ORDER BY seq DESC
  LIMIT %(limit)s;
+
+
+-- name: console_signout_add
+-- A session signed out: its nonce is refused until the cookie's own expiry;
+-- the rows past theirs go at the same time (a few, bounded by sign-outs).
+WITH gone AS (
+    DELETE FROM runlease_console_signouts
+     WHERE nonce IN (SELECT nonce FROM runlease_console_signouts
+                      WHERE expires_at < now() LIMIT 100)
+)
+INSERT INTO runlease_console_signouts (nonce, expires_at)
+VALUES (%(nonce)s, to_timestamp(%(expires)s))
+    ON CONFLICT (nonce) DO NOTHING;
+
+
+-- name: console_signed_out
+SELECT EXISTS (SELECT 1 FROM runlease_console_signouts WHERE nonce = %(nonce)s) AS out;

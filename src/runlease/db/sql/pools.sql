@@ -86,7 +86,7 @@ VALUES (%(pool)s, %(tenant)s, %(priority_min)s, %(priority_max)s)
 DELETE FROM agent_run_tenant_limits
  WHERE pool = %(pool)s AND tenant_id = %(tenant)s
    AND max_in_flight IS NULL AND priority_min IS NULL AND priority_max IS NULL
-   AND submits_per_minute IS NULL AND tokens_per_minute IS NULL;
+   AND submits_per_minute IS NULL AND tokens_per_minute IS NULL AND max_pending IS NULL;
 
 
 -- name: tenant_limits_list
@@ -129,3 +129,43 @@ VALUES (%(pool)s, %(tenant)s, %(submits_per_minute)s, %(tokens_per_minute)s)
     ON CONFLICT (pool, tenant_id) DO UPDATE
    SET submits_per_minute = excluded.submits_per_minute,
        tokens_per_minute = excluded.tokens_per_minute, updated_at = now();
+
+
+-- name: tenant_quotas_replace
+-- The pool's tenants' quotas of waiting runs become exactly those given
+-- (the rest of each row kept; a tenant not given: the pool's default).
+WITH given AS (
+    SELECT * FROM unnest(%(tenants)s::text[], %(quotas)s::integer[]) AS g (tenant_id, quota)
+), cleared AS (
+    UPDATE agent_run_tenant_limits t SET max_pending = NULL, updated_at = now()
+     WHERE t.pool = %(pool)s AND t.max_pending IS NOT NULL
+       AND t.tenant_id <> ALL (%(tenants)s::text[])
+)
+INSERT INTO agent_run_tenant_limits AS t (pool, tenant_id, max_pending)
+SELECT %(pool)s, g.tenant_id, g.quota FROM given g
+    ON CONFLICT (pool, tenant_id) DO UPDATE
+   SET max_pending = excluded.max_pending, updated_at = now();
+
+
+-- name: tenant_limits_prune_all
+-- The pool's rows that no longer say anything are removed.
+DELETE FROM agent_run_tenant_limits
+ WHERE pool = %(pool)s
+   AND max_in_flight IS NULL AND priority_min IS NULL AND priority_max IS NULL
+   AND submits_per_minute IS NULL AND tokens_per_minute IS NULL AND max_pending IS NULL;
+
+
+-- name: pool_quota_set
+-- The pool's default quota of waiting runs per tenant (NULL: none).
+UPDATE agent_run_pools SET default_max_pending = %(max_pending)s, updated_at = now()
+ WHERE name = %(pool)s
+RETURNING name;
+
+
+-- name: queue_quotas_get
+SELECT p.default_max_pending,
+       coalesce((SELECT jsonb_object_agg(t.tenant_id, t.max_pending)
+                   FROM agent_run_tenant_limits t
+                  WHERE t.pool = p.name AND t.max_pending IS NOT NULL), '{}') AS tenants
+  FROM agent_run_pools p
+ WHERE p.name = %(pool)s;

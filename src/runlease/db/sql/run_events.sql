@@ -54,3 +54,13 @@ SELECT w.id AS run_id, r.status, e.seq, e.kind, e.data, e.created_at
 -- The final rows of runs the fan-out saw finish: one statement for all of
 -- them, once per run (their streams' `end` events carry it).
 SELECT * FROM agent_runs WHERE id = ANY (%(ids)s::uuid[]);
+
+
+-- name: run_tool_output_used
+-- What the run's tools have stored as events over all its attempts (the
+-- events with a "stream": tool output and its notes): how many, and the
+-- bytes of their text. Read once per attempt that streams a tool's output;
+-- bounded by the run's own bound on them (worker/context.py).
+SELECT count(*) AS events, coalesce(sum(octet_length(e.data ->> 'text')), 0)::bigint AS bytes
+  FROM agent_run_events e
+ WHERE e.run_id = %(id)s AND e.data ? 'stream';

@@ -2,19 +2,24 @@
 
 
 -- name: webhook_hosts_list
-SELECT pattern, allow_private FROM runlease_webhook_hosts ORDER BY pattern;
+SELECT pattern, allow_private, ports FROM runlease_webhook_hosts ORDER BY pattern;
 
 
 -- name: webhook_hosts_replace
 -- The allowlist becomes exactly the given hosts.
+-- (ports: each host's as a comma-separated text, unnest taking no ragged arrays)
 WITH given AS (
-    SELECT * FROM unnest(%(patterns)s::text[], %(private)s::boolean[]) AS g (pattern, allow_private)
+    SELECT g.pattern, g.allow_private,
+           coalesce(string_to_array(nullif(g.ports, ''), ',')::integer[], '{}') AS ports
+      FROM unnest(%(patterns)s::text[], %(private)s::boolean[], %(ports)s::text[])
+           AS g (pattern, allow_private, ports)
 ), removed AS (
     DELETE FROM runlease_webhook_hosts h WHERE h.pattern <> ALL (%(patterns)s::text[])
 )
-INSERT INTO runlease_webhook_hosts AS h (pattern, allow_private)
-SELECT pattern, allow_private FROM given
-    ON CONFLICT (pattern) DO UPDATE SET allow_private = excluded.allow_private;
+INSERT INTO runlease_webhook_hosts AS h (pattern, allow_private, ports)
+SELECT pattern, allow_private, ports FROM given
+    ON CONFLICT (pattern) DO UPDATE
+        SET allow_private = excluded.allow_private, ports = excluded.ports;
 
 
 -- name: webhook_secret_ensure
@@ -49,16 +54,30 @@ SELECT w.run_id, w.url, w.state, w.tries, w.next_at, w.delivered_at, w.attempts
 -- name: webhook_take_due
 -- Deliveries due whose run has finished, a bounded batch, each put out of
 -- reach for lease_s (so no row lock is held during the POST, and a leader
--- that dies mid-delivery only delays it).
-WITH {{clock}}, due AS (
-    SELECT w.run_id
+-- that dies mid-delivery only delays it). A tenant gets at most per_tenant
+-- deliveries in flight: `tenants`/`busy` are those it has already, the
+-- tenants at the bound (`full`) are not even read.
+WITH {{clock}}, candidates AS (
+    SELECT w.run_id, w.tenant_id, w.next_at
       FROM agent_run_webhooks w
       JOIN agent_runs r ON r.id = w.run_id, clock
      WHERE w.state = 'waiting' AND w.next_at <= clock.ts
        AND r.status IN ('done', 'dead', 'cancelled')
+       AND w.tenant_id <> ALL (%(full)s::text[])
      ORDER BY w.next_at
-     LIMIT %(batch)s
+     LIMIT %(scan)s
        FOR UPDATE OF w SKIP LOCKED
+), ranked AS (
+    SELECT c.run_id, c.next_at, coalesce(b.busy, 0) AS busy,
+           row_number() OVER (PARTITION BY c.tenant_id ORDER BY c.next_at, c.run_id) AS n
+      FROM candidates c
+      LEFT JOIN unnest(%(tenants)s::text[], %(busy)s::integer[]) AS b (tenant_id, busy)
+             ON b.tenant_id = c.tenant_id
+), due AS (
+    SELECT run_id FROM ranked
+     WHERE n + busy <= %(per_tenant)s
+     ORDER BY next_at
+     LIMIT %(batch)s
 )
 UPDATE agent_run_webhooks w
    SET next_at = clock.ts + make_interval(secs => %(lease_s)s::integer), tries = w.tries + 1
