@@ -116,6 +116,8 @@ async def run_dev(opts: DevOptions, echo: Echo) -> int:
     # The port first: when it is taken, say so before starting anything.
     sock = bind_socket(opts.host, opts.port, option="--port")
     opts.data_dir.mkdir(parents=True, exist_ok=True)
+    if opts.database_url is not None:  # no server of ours to guard
+        return await _run_dev(opts, echo, sock, None)
     # The folder's owner, before its server is started or reused: a second
     # stack in this folder is refused here, not left to stop our database.
     with FolderLock(opts.data_dir, command="runlease dev") as lock:
@@ -123,7 +125,7 @@ async def run_dev(opts: DevOptions, echo: Echo) -> int:
 
 
 async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
-                   lock: FolderLock) -> int:
+                   lock: FolderLock | None) -> int:
     server: EmbeddedPostgres | None = None
     url = opts.database_url
     if url is None:
@@ -143,7 +145,8 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
                             opts.data_dir)
         fleet.start()
         base = f"http://{opts.host}:{api.port}"
-        lock.describe(api=base)
+        if lock is not None:
+            lock.describe(api=base)
         banner(echo, base, url, opts, tenants, admin)
         stop = stop_on_signals(echo, fleet, api)
         if opts.demo:

@@ -86,6 +86,16 @@ async def test_console_search_finds_a_run_by_the_start_of_its_id(
         assert f'data-run="{run.id}"' in table.text
         by_key = await http.get("/ui/runs/table", params={"q": "k"})
         assert f'data-run="{run.id}"' in by_key.text
+    # Hostile: another tenant's search by the same start finds nothing.
+    async with httpx.AsyncClient(base_url=api.url) as other:
+        await other.post("/ui/login", data={"token": api.token("globex")})
+        theirs = await other.get("/ui/runs/table", params={"q": str(run.id)[:18]})
+        assert theirs.status_code == 200
+        assert str(run.id) not in theirs.text
+        for hostile in ("%%%%%%%%", "________", "0" * 33, "'; select 1 --"):
+            probe = await other.get("/ui/runs/table", params={"q": hostile})
+            assert probe.status_code in (200, 400), (hostile, probe.status_code)
+            assert str(run.id) not in probe.text
 
 
 async def test_labels_are_key_equals_value_everywhere(api: Api, live_store: RunStore) -> None:

@@ -116,8 +116,11 @@ SUBMIT_403 = {"model": ErrorBody,
 )
 async def submit(
     body: RunCreate, who: Who, store: Store, waker: Waker, groups: Groups,
+    # The pattern the server checks (bounds.check_idempotency_key), stated in
+    # the schema: no space or control character.
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
-                                                  max_length=255)] = None,
+                                                  max_length=255,
+                                                  pattern=r"^[^\x00-\x20\x7f]+$")] = None,
 ) -> Response:
     """Enqueue a run. The same Idempotency-Key again returns the same run (200).
     Over the tenant's submit rate in the pool: 429 with Retry-After."""
