@@ -178,6 +178,11 @@ def make(limits: SandboxLimits, runs_dir: str = "", uid: int = 65534) -> Sandbox
             raise SandboxUnavailable(f"{base} is not this user's own directory")
         # The tools' uid must reach its run's directory (and list no other).
         os.chmod(base, 0o711 if box.drops_root else 0o700)
+        closed = [p for p in base.parents if box.drops_root and not p.stat().st_mode & 0o001]
+        if closed:
+            raise SandboxUnavailable(
+                f"{closed[0]} is not traversable by others, so the tools' uid {uid} cannot "
+                f"reach their directories in {base}; choose --tool-runs-dir elsewhere")
         _probe(box)
     except OSError as exc:
         raise SandboxUnavailable(f"{base}: {exc}") from None
