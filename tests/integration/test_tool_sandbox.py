@@ -16,12 +16,14 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from runlease.db.models import Run
 from runlease.db.store import RunStore
@@ -54,7 +56,8 @@ def as_user(request: pytest.FixtureRequest) -> str:
 def workers(db_url: str, tmp_path: Path) -> Iterator[Any]:
     started: list[WorkerProcess] = []
 
-    def start(name: str, user: str = "root", **settings: Any) -> WorkerProcess:
+    def start(name: str, user: str = "root", *, unset: tuple[str, ...] = (),
+              **settings: Any) -> WorkerProcess:
         # Not under tmp_path (0700): the tools' uid must reach their directories.
         runs = Path("/tmp") / f"runlease-test-runs-{os.getpid()}-{user}-{name}"
         process = WorkerProcess(db_url, tmp_path, name, FAST | {
@@ -66,6 +69,8 @@ def workers(db_url: str, tmp_path: Path) -> Iterator[Any]:
             process.argv_prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
                                    "--clear-groups"]
             process.python = system_python()
+        for variable in unset:
+            del process.env[variable]
         process.runs_dir = runs  # type: ignore[attr-defined]
         started.append(process.start())
         return process
@@ -280,3 +285,49 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+async def test_a_tool_cannot_read_the_workers_database_url_file(
+    live_store: RunStore, db_url: str, workers: Any
+) -> None:
+    """Even world-readable, the file is /dev/null in the sandbox, on a nodev
+    mount: it cannot be opened at all. (Not in
+    /tmp, which the sandbox hides whole, nor under /work, its run directory.)"""
+    holder = Path(tempfile.mkdtemp(prefix="runlease-url-test-", dir="/var/lib"))
+    url_file = holder / "database-url"
+    _world_readable(holder, url_file, db_url)
+    try:
+        workers("w", unset=("RUNLEASE_DATABASE_URL",), database_url_file=str(url_file))
+        queued = await live_store.enqueue("default", "acme", {"steps": [
+            {"shell": ["sh", "-c", f"cat {url_file} 2>&1; echo rc=$?"]}]})
+        run = await finished(live_store, queued.run.id)
+        assert run.status == "done", run.error_message
+        out = await stdout_of(live_store, queued.run.id)
+        assert db_url not in out
+        assert "Permission denied" in out, out
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("network", [False, True])
+async def test_a_pool_without_network_keeps_its_tools_off_the_database_port(
+    live_store: RunStore, db_url: str, workers: Any, network: bool
+) -> None:
+    """With the network (the default) the same probe connects: the check can fail."""
+    port = conninfo_to_dict(db_url)["port"]
+    probe = ["python3", "-c", "import socket, sys\n"
+             "try:\n socket.create_connection(('127.0.0.1', int(sys.argv[1])), 5)\n"
+             " print('connected')\nexcept OSError as exc:\n print('refused', exc.errno)",
+             port]
+    workers("w", tool_network=network)
+    queued = await live_store.enqueue("default", "acme", {"steps": [{"shell": probe}]})
+    run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    out = await stdout_of(live_store, queued.run.id)
+    assert out.startswith("connected" if network else "refused"), out
+
+
+def _world_readable(folder: Path, path: Path, text: str) -> None:
+    folder.chmod(0o755)
+    path.write_text(text)
+    path.chmod(0o644)

@@ -45,6 +45,9 @@ class WorkerSettings(ReaperSettings):
                                 "imported (as uvicorn's --app-dir); '' adds none.")
     database_url: str | None = setting(
         None, "PostgreSQL URL for claims, heartbeats and agent writes.", env=("DATABASE_URL",))
+    database_url_file: str | None = setting(
+        None, "A file holding the PostgreSQL URL (a mounted Secret): unlike --database-url, "
+              "on no command line, which every process of the machine can read.")
     listen_database_url: str | None = setting(
         None, "Separate URL for the LISTEN session (a direct or session-mode PgBouncer "
               "URL when database_url goes through PgBouncer in transaction mode); "

@@ -67,7 +67,7 @@ class SandboxLimits:
     file_size_mib: int = 256  # largest file a process may write (RLIMIT_FSIZE)
     disk_mib: int = 512  # the sandbox's /tmp (a tmpfs) and the run's directory, each
     network: bool = True
-    hide_paths: tuple[str, ...] = ()
+    hide_paths: tuple[str, ...] = ()  # directories (a tmpfs over each) or files (/dev/null)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,8 @@ class Sandbox:
             if os.path.isdir(path) and not os.path.islink(path):
                 opts += ["--size", str(SHM_MIB * MIB if path == "/dev/shm" else MIB),
                          "--tmpfs", path]
+            elif os.path.isfile(path) and not os.path.islink(path):
+                opts += ["--ro-bind", "/dev/null", path]
         opts += ["--size", str(lim.disk_mib * MIB), "--tmpfs", INSIDE_TMP,
                  "--bind", str(run_dir), INSIDE_WORK]
         inside_cwd = INSIDE_WORK
@@ -228,5 +230,7 @@ def from_settings(s: WorkerSettings) -> Sandbox | None:
     limits = SandboxLimits(
         max_processes=s.tool_max_processes, memory_mib=s.tool_memory_mib, cpu_s=s.tool_cpu_s,
         file_size_mib=s.tool_file_size_mib, disk_mib=s.tool_disk_mib, network=s.tool_network,
-        hide_paths=s.tool_hide_paths)
+        # The file of the worker's database URL too, wherever it is mounted.
+        hide_paths=(*s.tool_hide_paths,
+                    *((os.path.abspath(s.database_url_file),) if s.database_url_file else ())))
     return make(limits, s.tool_runs_dir, s.tool_uid)
