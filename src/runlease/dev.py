@@ -90,19 +90,25 @@ class WorkerFleet:
         self.sandboxed = sandboxed
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> None:
-        # The data directory holds the database's password: hidden from tools.
-        tools = {"RUNLEASE_TOOL_HIDE_PATHS": str(self.log_dir.absolute())}
+    def env(self) -> dict[str, str]:
+        """The workers' environment: no token, the data directory hidden from tools."""
+        # The data directory holds the database's password: hidden from tools
+        # (besides what the user hides).
+        hidden = [os.environ.get("RUNLEASE_TOOL_HIDE_PATHS", ""), str(self.log_dir.absolute())]
+        tools = {"RUNLEASE_TOOL_HIDE_PATHS": ",".join(p for p in hidden if p)}
         if not self.sandboxed:  # one user's machine: every tenant's tools, said in the banner
             tools |= {"RUNLEASE_TOOL_SANDBOX": "false", "RUNLEASE_UNSANDBOXED_POOL": "default"}
         base = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
-        env = {**base, **tools, "RUNLEASE_DATABASE_URL": self.url,
+        return {**base, **tools, "RUNLEASE_DATABASE_URL": self.url,
                "RUNLEASE_AGENT": os.environ.get("RUNLEASE_AGENT",
                                                 "runlease.agents.script:agent"),
                "RUNLEASE_CONCURRENCY": str(self.concurrency), "RUNLEASE_METRICS_PORT": "0",
                "RUNLEASE_DRAIN_GRACE_S": str(self.drain_grace_s),
                "RUNLEASE_LEASE_S": "15", "RUNLEASE_HEARTBEAT_INTERVAL_S": "5",
                "RUNLEASE_REAPER_INTERVAL_S": "2", "RUNLEASE_POLL_INTERVAL_S": "1"}
+
+    def start(self) -> None:
+        env = self.env()
         for i in range(self.n):
             log = (self.log_dir / f"worker-{i}.log").open("ab")
             self.procs.append(subprocess.Popen(
