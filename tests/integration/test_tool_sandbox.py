@@ -118,7 +118,8 @@ async def test_two_tenants_tools_cannot_read_signal_or_find_each_other(
         {"shell": ["sh", "-c", acme_script]}]}, max_attempts=1)
     try:
         acme_pids = await until(lambda: _some(tool_pids(marker)), what="acme's tool")
-        acme_dir = worker.runs_dir / f"{acme.run.id}-1"
+        assert worker.proc is not None
+        acme_dir = worker.runs_dir / f"w{worker.proc.pid}" / f"{acme.run.id}-1"
         targets = " ".join(str(p) for p in [*acme_pids, worker.proc.pid])
         globex_script = (
             # Every environment it can read: its own processes' only.
@@ -231,6 +232,27 @@ async def test_a_daemon_is_gone_when_the_worker_and_its_guard_are_killed(
             os.kill(pid, signal.SIGKILL)
         until_sync(lambda: not [p for p in sleeps if _alive(p)], timeout_s=15,
                    what="the sandbox's processes to end with the worker and its guard")
+    finally:
+        kill_all(f"sleep {marker}")
+
+
+async def test_a_killed_workers_run_directories_go_at_the_next_start(
+    live_store: RunStore, workers: Any
+) -> None:
+    first = workers("w")
+    assert first.proc is not None
+    marker = "307.11"
+    await live_store.enqueue("default", "acme", {"steps": [
+        {"shell": ["sh", "-c", f"echo left > behind.txt; sleep {marker}"]}]})
+    try:
+        await until(lambda: _some(tool_pids(f"sleep {marker}")), what="the tool")
+        left = first.runs_dir / f"w{first.proc.pid}"
+        assert any(left.glob("*/behind.txt"))
+        first.kill9()
+        second = workers("w2", tool_runs_dir=str(first.runs_dir))
+        assert second.proc is not None
+        until_sync(lambda: not left.exists(), what="the dead worker's directories to go")
+        assert second.proc.poll() is None
     finally:
         kill_all(f"sleep {marker}")
 

@@ -75,11 +75,12 @@ class Sandbox:
     """How a worker's tools are sandboxed: the limits and where runs' files go."""
 
     limits: SandboxLimits
-    runs_dir: Path  # parent of every run's directory, 0700, hidden from tools
+    runs_dir: Path  # every worker's runs' directories are under it, hidden from tools
     bwrap: str = "bwrap"
     prlimit: str = "prlimit"
     setpriv: str = "setpriv"
     uid: int = 65534  # who a root worker's tools run as
+    worker_dir: str = ""  # this worker's own, under runs_dir: w<pid>
 
     @property
     def drops_root(self) -> bool:
@@ -87,14 +88,14 @@ class Sandbox:
 
     def run_dir(self, name: str) -> Path:
         """The directory of one run (made on its first tool call, empty)."""
-        path = self.runs_dir / name
+        path = self.runs_dir / self.worker_dir / name
         path.mkdir(mode=0o700, exist_ok=True)
         if self.drops_root:
             os.chown(path, self.uid, self.uid)
         return path
 
     def remove_run_dir(self, name: str) -> None:
-        shutil.rmtree(self.runs_dir / name, ignore_errors=True)
+        shutil.rmtree(self.runs_dir / self.worker_dir / name, ignore_errors=True)
 
     def wrap(self, argv: Sequence[str], run_dir: Path, *, cwd: str | None = None) -> list[str]:
         """The command line that runs argv in this sandbox. `cwd` (the agent's
@@ -173,7 +174,7 @@ def make(limits: SandboxLimits, runs_dir: str = "", uid: int = 65534) -> Sandbox
     base = Path(runs_dir) if runs_dir else default_runs_dir()
     box = Sandbox(limits, base, bwrap=found["bwrap"] or "bwrap",
                   prlimit=found["prlimit"] or "prlimit", setpriv=found["setpriv"] or "setpriv",
-                  uid=uid)
+                  uid=uid, worker_dir=f"w{os.getpid()}")
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         if base.is_symlink() or base.stat().st_uid != os.geteuid():
@@ -185,10 +186,28 @@ def make(limits: SandboxLimits, runs_dir: str = "", uid: int = 65534) -> Sandbox
             raise SandboxUnavailable(
                 f"{closed[0]} is not traversable by others, so the tools' uid {uid} cannot "
                 f"reach their directories in {base}; choose --tool-runs-dir elsewhere")
+        mine = base / box.worker_dir
+        mine.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(mine, 0o711 if box.drops_root else 0o700)
+        _sweep(base, mine)
         _probe(box)
     except OSError as exc:
         raise SandboxUnavailable(f"{base}: {exc}") from None
     return box
+
+
+def _sweep(base: Path, mine: Path) -> None:
+    """Remove what workers killed before they could clean up left (their
+    runs' directories), those of live workers sharing the place kept."""
+    for entry in base.iterdir():
+        if entry == mine or not entry.name.startswith("w") or not entry.name[1:].isdigit():
+            continue
+        try:
+            os.kill(int(entry.name[1:]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 _probed: set[Sandbox] = set()
