@@ -110,7 +110,7 @@ class Sandbox:
                 "--hostname", "sandbox"]
         if not lim.network:
             opts.append("--unshare-net")
-        opts += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+        opts += [*_root(), "--proc", "/proc", "--dev", "/dev"]
         hidden = [*HIDDEN, *lim.hide_paths, str(self.runs_dir)]
         home = os.environ.get("HOME")
         if home and home != "/":
@@ -132,7 +132,8 @@ class Sandbox:
                 inside_cwd = cwd
             else:
                 inside_cwd = os.path.join(INSIDE_WORK, cwd)
-        opts += ["--chdir", inside_cwd]
+        # bwrap's own root (a tmpfs, where /work was made) read-only from now on.
+        opts += ["--remount-ro", "/", "--chdir", inside_cwd]
         limits = [self.prlimit, f"--nproc={lim.max_processes}",
                   f"--as={lim.memory_mib * MIB}", f"--cpu={lim.cpu_s}",
                   f"--fsize={lim.file_size_mib * MIB}", "--"]
@@ -154,6 +155,22 @@ def can_switch_user() -> bool:
     except (OSError, StopIteration, ValueError):
         return False
     return all(caps >> bit & 1 for bit in (CAP_CHOWN, CAP_SETGID, CAP_SETUID))
+
+
+def _root() -> list[str]:
+    """The host's / read-only, entry by entry, on bwrap's own root: a bind of
+    / itself would leave no place for /work where / has none (a read-only
+    root filesystem, as in a worker pod)."""
+    out: list[str] = []
+    for entry in sorted(os.scandir("/"), key=lambda e: e.name):
+        path = "/" + entry.name
+        if entry.name in ("proc", "dev"):
+            continue
+        if entry.is_symlink():  # /bin -> usr/bin
+            out += ["--symlink", os.readlink(path), path]
+        else:
+            out += ["--ro-bind", path, path]
+    return out
 
 
 def default_runs_dir() -> Path:
