@@ -158,10 +158,11 @@ async def test_two_tenants_tools_cannot_read_signal_or_find_each_other(
         kill_all(marker)
 
 
-async def test_a_fork_bomb_an_allocation_and_a_disk_fill_fail_only_their_own_run(
+async def test_a_fork_bomb_an_allocation_a_disk_fill_and_a_busy_loop_fail_only_their_run(
     live_store: RunStore, workers: Any, as_user: str
 ) -> None:
-    workers("w", as_user, concurrency=6, tool_disk_mib=64, tool_file_size_mib=32)
+    workers("w", as_user, concurrency=7, tool_disk_mib=64, tool_file_size_mib=32,
+            tool_cpu_s=1)
     bomb = "import os\nwhile True:\n    os.fork()\n"
     hostile = {
         "fork bomb": ["python3", "-c", bomb],
@@ -169,6 +170,7 @@ async def test_a_fork_bomb_an_allocation_and_a_disk_fill_fail_only_their_own_run
         "/tmp fill": ["sh", "-c", "set -e; for i in 1 2 3; do "
                                   "dd if=/dev/zero of=/tmp/fill$i bs=1M count=30; done"],
         "one big file": ["sh", "-c", "dd if=/dev/zero of=fill bs=1M count=1024"],
+        "CPU": ["python3", "-c", "while True: pass"],
         "many files": ["sh", "-c", "i=0; while [ $i -lt 100 ]; do i=$((i+1)); "
                                    "dd if=/dev/zero of=f$i bs=1M count=30 2>/dev/null; "
                                    "done; echo survived"],
@@ -190,6 +192,7 @@ async def test_a_fork_bomb_an_allocation_and_a_disk_fill_fail_only_their_own_run
     assert "No space left on device" in messages["/tmp fill"]
     assert "exited 153" in messages["one big file"]  # SIGXFSZ: 128 + 25
     assert "went over its 64 MiB" in messages["many files"]
+    assert "exited 152" in messages["CPU"]  # SIGXCPU: 128 + 24
     good = await finished(live_store, bystander.run.id)
     assert good.status == "done", good.error_message
     assert await stdout_of(live_store, bystander.run.id) == "fine\n"

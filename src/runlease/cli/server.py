@@ -55,7 +55,8 @@ def database(url: str | None, data_dir: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    server = EmbeddedPostgres(data_dir)
+    # As `runlease dev` makes it: the superuser wants its password (db/embedded.py).
+    server = EmbeddedPostgres(data_dir, password_auth=True)
     click.echo(f"starting embedded PostgreSQL in {data_dir}/ ...", err=True)
     with server:
         yield server.url

@@ -134,8 +134,9 @@ class Sandbox:
                 inside_cwd = os.path.join(INSIDE_WORK, cwd)
         # bwrap's own root (a tmpfs, where /work was made) read-only from now on.
         opts += ["--remount-ro", "/", "--chdir", inside_cwd]
+        # CPU: SIGXCPU at the limit (exit 152: says why), SIGKILL a second later.
         limits = [self.prlimit, f"--nproc={lim.max_processes}",
-                  f"--as={lim.memory_mib * MIB}", f"--cpu={lim.cpu_s}",
+                  f"--as={lim.memory_mib * MIB}", f"--cpu={lim.cpu_s}:{lim.cpu_s + 1}",
                   f"--fsize={lim.file_size_mib * MIB}", "--"]
         return [*outer, self.bwrap, *opts, "--", *limits, *argv]
 
