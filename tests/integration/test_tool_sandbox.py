@@ -161,7 +161,7 @@ async def test_two_tenants_tools_cannot_read_signal_or_find_each_other(
 async def test_a_fork_bomb_an_allocation_a_disk_fill_and_a_busy_loop_fail_only_their_run(
     live_store: RunStore, workers: Any, as_user: str
 ) -> None:
-    workers("w", as_user, concurrency=7, tool_disk_mib=64, tool_file_size_mib=32,
+    workers("w", as_user, concurrency=8, tool_disk_mib=64, tool_file_size_mib=32,
             tool_cpu_s=1)
     bomb = "import os\nwhile True:\n    os.fork()\n"
     hostile = {
@@ -171,6 +171,10 @@ async def test_a_fork_bomb_an_allocation_a_disk_fill_and_a_busy_loop_fail_only_t
                                   "dd if=/dev/zero of=/tmp/fill$i bs=1M count=30; done"],
         "one big file": ["sh", "-c", "dd if=/dev/zero of=fill bs=1M count=1024"],
         "CPU": ["python3", "-c", "while True: pass"],
+        # Files in a folder the worker may not list (write and search bits only).
+        "hidden files": ["sh", "-c", "mkdir h && chmod 300 h && i=0; while [ $i -lt 100 ]; "
+                                     "do i=$((i+1)); dd if=/dev/zero of=h/f$i bs=1M count=30 "
+                                     "2>/dev/null; done; echo survived"],
         "many files": ["sh", "-c", "i=0; while [ $i -lt 100 ]; do i=$((i+1)); "
                                    "dd if=/dev/zero of=f$i bs=1M count=30 2>/dev/null; "
                                    "done; echo survived"],
@@ -193,6 +197,7 @@ async def test_a_fork_bomb_an_allocation_a_disk_fill_and_a_busy_loop_fail_only_t
     assert "exited 153" in messages["one big file"]  # SIGXFSZ: 128 + 25
     assert "went over its 64 MiB" in messages["many files"]
     assert "exited 152" in messages["CPU"]  # SIGXCPU: 128 + 24
+    assert "went over its 64 MiB" in messages["hidden files"]
     good = await finished(live_store, bystander.run.id)
     assert good.status == "done", good.error_message
     assert await stdout_of(live_store, bystander.run.id) == "fine\n"

@@ -29,12 +29,13 @@ root in a user namespace would still own the files root owns outside it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -95,7 +96,7 @@ class Sandbox:
         return path
 
     def remove_run_dir(self, name: str) -> None:
-        shutil.rmtree(self.runs_dir / self.worker_dir / name, ignore_errors=True)
+        remove_tree(self.runs_dir / self.worker_dir / name)
 
     def wrap(self, argv: Sequence[str], run_dir: Path, *, cwd: str | None = None) -> list[str]:
         """The command line that runs argv in this sandbox. `cwd` (the agent's
@@ -156,6 +157,31 @@ def can_switch_user() -> bool:
     except (OSError, StopIteration, ValueError):
         return False
     return all(caps >> bit & 1 for bit in (CAP_CHOWN, CAP_SETGID, CAP_SETUID))
+
+
+def give_back(folder: str) -> None:
+    """A tool (of the worker's own uid, in its user namespace) may take the
+    read or search bit off a folder of its run's directory, to hide what it
+    writes there: the worker, its owner, gives it back."""
+    # Through a descriptor opened without following a symlink: a tool that
+    # swaps the folder for a link to another file must not get it chmod-ed.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that gives back what a tool took first; never follows a symlink."""
+    def retry(func: Callable[[str], object], failed: str, _: object) -> None:
+        for folder in (os.path.dirname(failed), failed):
+            give_back(folder)
+        with contextlib.suppress(OSError):
+            func(failed)
+
+    shutil.rmtree(path, onerror=retry)
 
 
 def _root() -> list[str]:
@@ -223,7 +249,7 @@ def _sweep(base: Path, mine: Path) -> None:
         try:
             os.kill(int(entry.name[1:]), 0)
         except ProcessLookupError:
-            shutil.rmtree(entry, ignore_errors=True)
+            remove_tree(entry)
         except PermissionError:
             pass  # alive, another user's
 

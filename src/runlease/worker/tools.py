@@ -38,7 +38,7 @@ from typing import Any
 
 from runlease.worker import toolenv
 from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
-from runlease.worker.sandbox import INSIDE_TMP, INSIDE_WORK, Sandbox
+from runlease.worker.sandbox import INSIDE_TMP, INSIDE_WORK, Sandbox, give_back
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +141,23 @@ class ToolRefused(FatalError):
 def disk_usage(path: Path, limit_bytes: int) -> int:
     """Bytes held under path (blocks, not sizes: a sparse file counts as
     written), stopping once over limit_bytes or MAX_FILES entries (then a
-    number above the limit)."""
+    number above the limit). A folder that cannot be listed counts as over:
+    what cannot be measured is not allowed."""
     total, entries, stack = 0, 0, [str(path)]
     while stack:
+        folder = stack.pop()
         try:
-            with os.scandir(stack.pop()) as it:
+            it = os.scandir(folder)
+        except PermissionError:
+            give_back(folder)
+            try:
+                it = os.scandir(folder)
+            except OSError:
+                return limit_bytes + 1
+        except OSError:
+            continue
+        try:
+            with it:
                 for entry in it:
                     entries += 1
                     if entries > MAX_FILES:
@@ -162,6 +174,7 @@ def disk_usage(path: Path, limit_bytes: int) -> int:
         except OSError:
             continue
     return total
+
 
 
 async def _tail(stream: asyncio.StreamReader | None, name: str = "",
