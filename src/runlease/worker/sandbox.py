@@ -82,10 +82,7 @@ class Sandbox:
     setpriv: str = "setpriv"
     uid: int = 65534  # who a root worker's tools run as
     worker_dir: str = ""  # this worker's own, under runs_dir: w<pid>
-
-    @property
-    def drops_root(self) -> bool:
-        return self.uid != 0 and can_switch_user()
+    drops_root: bool = False  # a root worker: its tools run as `uid`
 
     def run_dir(self, name: str) -> Path:
         """The directory of one run (made on its first tool call, empty)."""
@@ -147,8 +144,8 @@ CAP_CHOWN, CAP_SETGID, CAP_SETUID = 0, 6, 7
 
 def can_switch_user() -> bool:
     """Root with the capabilities to hand a directory and the tools to
-    another uid (a root without them, as in a pod that drops them all, runs
-    its tools as itself, in their user namespace)."""
+    another uid. (A root without them cannot map itself into a user
+    namespace either: its sandbox does not start, and it says so.)"""
     if os.geteuid() != 0:
         return False
     try:
@@ -218,7 +215,8 @@ def make(limits: SandboxLimits, runs_dir: str = "", uid: int = 65534) -> Sandbox
     base = Path(runs_dir) if runs_dir else default_runs_dir()
     box = Sandbox(limits, base, bwrap=found["bwrap"] or "bwrap",
                   prlimit=found["prlimit"] or "prlimit", setpriv=found["setpriv"] or "setpriv",
-                  uid=uid, worker_dir=f"w{os.getpid()}")
+                  uid=uid, worker_dir=f"w{os.getpid()}",
+                  drops_root=uid != 0 and can_switch_user())
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         if base.is_symlink() or base.stat().st_uid != os.geteuid():
