@@ -153,7 +153,8 @@ async def test_two_tenants_tools_cannot_read_signal_or_find_each_other(
         acme_run = await finished(live_store, acme.run.id)
         assert acme_run.status == "done", acme_run.error_message
         assert await stdout_of(live_store, acme.run.id) == "acme-file-content\n"
-        assert not acme_dir.exists()  # the run's directory went with its attempt
+        # The run's directory goes with its attempt.
+        until_sync(lambda: not acme_dir.exists(), what="acme's directory to go")
     finally:
         kill_all(marker)
 

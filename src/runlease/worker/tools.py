@@ -176,7 +176,6 @@ def disk_usage(path: Path, limit_bytes: int) -> int:
     return total
 
 
-
 async def _tail(stream: asyncio.StreamReader | None, name: str = "",
                 on_output: OnOutput | None = None) -> bytes:
     """Read a stream to its end, keeping only the last OUTPUT_TAIL_BYTES;

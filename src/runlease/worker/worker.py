@@ -321,7 +321,8 @@ class Worker:
         if self.held.get(handle.run_id) is handle:
             del self.held[handle.run_id]
         handle.ended.set()
-        handle.tools.close()  # its sandbox's directory
+        # Its sandbox's directory, off the loop: up to the disk limit's worth.
+        self._spawn(asyncio.to_thread(handle.tools.close))
         # Its task is done with: a failed agent's traceback reaches the handle
         # (through the context's fence), a cycle only the collector would free.
         handle.task = None
