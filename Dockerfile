@@ -43,6 +43,12 @@ RUN --mount=type=bind,from=build,source=/dist,target=/dist \
     && "$VIRTUAL_ENV/bin/pip" install --no-compile "$(echo /dist/*.whl)[openai]" \
     && "$VIRTUAL_ENV/bin/pip" check \
     && runlease --version
+# bubblewrap: every tool call runs in a sandbox of its own (worker/sandbox.py,
+# docs/security.md); prlimit and setpriv come with util-linux, which the base has.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/* \
+    && bwrap --version
 # A fixed numeric uid: Kubernetes' runAsNonRoot (set on the operator's worker
 # pods and by the chart) can only verify a numeric USER.
 RUN groupadd --system --gid 10001 runlease \

@@ -6,6 +6,13 @@ processes, which elect the reaper's leader among themselves. Ctrl-C drains
 the workers (their runs are released, not lost), stops the API, then the
 database; nothing is left running. A second Ctrl-C stops everything at once.
 
+Safe by default: tokens come from the environment (never a command line,
+which every process can read) and are taken out of it before any child
+starts; this process is non-dumpable; the embedded PostgreSQL wants the
+superuser's password (db/embedded.py); the workers sandbox their tools
+(worker/sandbox.py), hiding the data directory from them, and the banner
+says so when this machine cannot sandbox.
+
 `--demo` also submits script-agent runs for three tenants through the API
 (some slow, some failing once and retried, one cancelled), shows them live
 and prints a summary; the stack then keeps serving, so the runs can be
@@ -34,6 +41,26 @@ from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.folder_lock import FolderLock
 from runlease.db.migrate import migrate
 from runlease.settings import ApiSettings
+from runlease.worker import sandbox, toolenv
+
+TOKEN_VARS = ("RUNLEASE_DEV_TOKENS", "RUNLEASE_ADMIN_TOKEN")
+
+
+def seal_tokens() -> None:
+    """The tokens were read: out of the environment every child inherits,
+    and this process non-dumpable (its /proc/<pid>/environ keeps them)."""
+    for name in TOKEN_VARS:
+        os.environ.pop(name, None)
+    toolenv.non_dumpable()
+
+
+def sandbox_problem(data_dir: Path) -> str | None:
+    """None when the workers can sandbox their tools here; else why not."""
+    try:
+        sandbox.make(sandbox.SandboxLimits(hide_paths=(str(data_dir.absolute()),)))
+    except sandbox.SandboxUnavailable as exc:
+        return str(exc)
+    return None
 
 Echo = Callable[[str], None]
 
@@ -57,20 +84,32 @@ class WorkerFleet:
     Ctrl-C reaches only `runlease dev`, which drains them in order."""
 
     def __init__(self, url: str, n: int, concurrency: int, drain_grace_s: float,
-                 log_dir: Path) -> None:
+                 log_dir: Path, *, sandboxed: bool = True) -> None:
         self.url, self.n, self.concurrency = url, n, concurrency
         self.drain_grace_s = drain_grace_s
         self.log_dir = log_dir
+        self.sandboxed = sandboxed
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> None:
-        env = {**os.environ, "RUNLEASE_DATABASE_URL": self.url,
+    def env(self) -> dict[str, str]:
+        """The workers' environment: no token, the data directory hidden from tools."""
+        # The data directory holds the database's password: hidden from tools
+        # (besides what the user hides).
+        hidden = [os.environ.get("RUNLEASE_TOOL_HIDE_PATHS", ""), str(self.log_dir.absolute())]
+        tools = {"RUNLEASE_TOOL_HIDE_PATHS": ",".join(p for p in hidden if p)}
+        if not self.sandboxed:  # one user's machine: every tenant's tools, said in the banner
+            tools |= {"RUNLEASE_TOOL_SANDBOX": "false", "RUNLEASE_UNSANDBOXED_POOL": "default"}
+        base = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
+        return {**base, **tools, "RUNLEASE_DATABASE_URL": self.url,
                "RUNLEASE_AGENT": os.environ.get("RUNLEASE_AGENT",
                                                 "runlease.agents.script:agent"),
                "RUNLEASE_CONCURRENCY": str(self.concurrency), "RUNLEASE_METRICS_PORT": "0",
                "RUNLEASE_DRAIN_GRACE_S": str(self.drain_grace_s),
                "RUNLEASE_LEASE_S": "15", "RUNLEASE_HEARTBEAT_INTERVAL_S": "5",
                "RUNLEASE_REAPER_INTERVAL_S": "2", "RUNLEASE_POLL_INTERVAL_S": "1"}
+
+    def start(self) -> None:
+        env = self.env()
         for i in range(self.n):
             log = (self.log_dir / f"worker-{i}.log").open("ab")
             self.procs.append(subprocess.Popen(
@@ -130,8 +169,10 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
     url = opts.database_url
     if url is None:
         echo(f"starting PostgreSQL (embedded) in {opts.data_dir}/ ...")
-        server = EmbeddedPostgres(opts.data_dir)
+        server = EmbeddedPostgres(opts.data_dir, password_auth=True)
         url = await asyncio.to_thread(server.start)
+    unsandboxed = (await asyncio.to_thread(sandbox_problem, opts.data_dir)
+                   if opts.workers else None)
     fleet: WorkerFleet | None = None
     try:
         await asyncio.to_thread(migrate, url)
@@ -142,12 +183,14 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
                 registry.add_tenant(tenant, tenants[tenant])
         api, api_task = await start_api(url, opts, registry, sock)
         fleet = WorkerFleet(url, opts.workers, opts.concurrency, opts.drain_grace_s,
-                            opts.data_dir)
+                            opts.data_dir, sandboxed=unsandboxed is None)
         fleet.start()
         base = f"http://{opts.host}:{api.port}"
         if lock is not None:
             lock.describe(api=base)
         banner(echo, base, url, opts, tenants, admin)
+        if unsandboxed is not None:
+            echo(f"WARNING    tools run unsandboxed, as you, beside each other: {unsandboxed}")
         stop = stop_on_signals(echo, fleet, api)
         if opts.demo:
             await demo_until(stop, base, tenants, admin, echo)
@@ -191,7 +234,7 @@ def banner(echo: Echo, base: str, url: str, opts: DevOptions, tenants: dict[str,
            admin: str) -> None:
     echo(f"API        {base}   (OpenAPI: {base}/docs)")
     echo(f"console    {base}/ui/   (sign in with a token below)")
-    echo(f"database   {url}")
+    echo(f"database   {without_password(url)}")
     echo(f"workers    {opts.workers} x {opts.concurrency} slots, script agent "
          f"(logs in {opts.data_dir}/worker-*.log)")
     for tenant, token in tenants.items():
@@ -199,6 +242,15 @@ def banner(echo: Echo, base: str, url: str, opts: DevOptions, tenants: dict[str,
     echo(f"token      admin: {admin}")
     echo(f"try        curl -H 'Authorization: Bearer {next(iter(tenants.values()))}' "
          f"{base}/v1/runs")
+
+
+def without_password(url: str) -> str:
+    """The URL as shown: its password stays in the data directory's file."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 def stop_on_signals(echo: Echo, fleet: WorkerFleet, api: ApiServer) -> asyncio.Event:

@@ -89,9 +89,14 @@ def dev() -> Iterator[str]:
     [server] = command_blocks("dev-server")
     [command] = server.commands()
     args = shlex.split(command)
+    # Leading NAME=value words are the command's environment (its tokens).
+    given = {}
+    while args and "=" in args[0] and not args[0].startswith((".", "/")):
+        name, _, value = args.pop(0).partition("=")
+        given[name] = value
     assert args[:2] == [".venv/bin/runlease", "dev"], server.where
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | given
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     log = (tmp_path / "dev.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-P", "-m", "runlease", *args[1:],

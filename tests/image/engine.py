@@ -89,6 +89,13 @@ class Engine:
                                  f"{result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
+    def sandbox_options(self) -> list[str]:
+        """What the operator gives a sandboxed pool's worker pods (seccomp
+        Unconfined, procMount Unmasked): bwrap's unshare(2) and a fresh /proc
+        in the container (docs/security.md, Tools)."""
+        unmask = "unmask=/proc/*" if self.command == "podman" else "systempaths=unconfined"
+        return ["--security-opt", "seccomp=unconfined", "--security-opt", unmask]
+
     def run(self, *args: str, options: Sequence[str] = (), image: str | None = None,
             entrypoint: str | None = None,
             check: bool = True) -> subprocess.CompletedProcess[str]:

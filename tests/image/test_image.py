@@ -162,7 +162,8 @@ def test_a_run_through_the_api_and_worker_containers(
     ) as api_name, engine.container(
         # --init: the worker pod shares its process namespace, so PID 1 is
         # the pause process, which reaps orphaned tool processes.
-        f"{containers}-worker", "--init", *db, "-e", f"POD_UID={pod_uid}",
+        f"{containers}-worker", "--init", *engine.sandbox_options(), *db,
+        "-e", f"POD_UID={pod_uid}",
         "-e", "RUNLEASE_AGENT=runlease.agents.script:agent",
         "-e", f"RUNLEASE_METRICS_PORT={metrics_port}",
         "-e", f"RUNLEASE_DRAIN_GRACE_S={DRAIN_GRACE_S}",
@@ -181,7 +182,9 @@ def test_a_run_through_the_api_and_worker_containers(
         with _client(api_port, TOKEN) as api, _client(api_port, ADMIN_TOKEN) as admin:
             # A tool writes to /tmp (the tmpfs) and reads its own uid.
             steps = [{"emit": {"text": "hello from the image"}},
-                     {"shell": ["sh", "-c", "id -u >/tmp/uid && cat /tmp/uid"]}]
+                     {"shell": ["sh", "-c", "id -u >/tmp/uid && cat /tmp/uid"]},
+                     # In its sandbox: bwrap is PID 1 of the tool's namespace.
+                     {"shell": ["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline"]}]
             created = api.post("/v1/runs", json={"input": {"steps": steps}})
             assert created.status_code == 201, created.text
             run_id = created.json()["id"]
@@ -194,6 +197,11 @@ def test_a_run_through_the_api_and_worker_containers(
                                    " AND step_key = '1'", (run_id,)).fetchone()
             assert row is not None
             assert row[0]["stdout"].strip() == str(UID)
+            with psycopg.connect(empty_db_url) as conn:
+                pid1 = conn.execute("SELECT result FROM agent_run_steps WHERE run_id = %s"
+                                    " AND step_key = '2'", (run_id,)).fetchone()
+            assert pid1 is not None
+            assert "bwrap" in pid1[0]["stdout"], pid1
 
             # A run in flight when the worker gets SIGTERM: released within
             # the drain grace (its tool killed), and the container exits by

@@ -72,8 +72,10 @@ def test_settings_errors_name_the_option_and_its_variable() -> None:
 
 
 def test_dev_checks_its_tokens_before_starting_anything(tmp_path: Path) -> None:
-    for option, value in (("--token", "acme=short"), ("--admin-token", "short")):
-        result = runlease("dev", option, value, "--data-dir", str(tmp_path / "data"))
+    # Through the environment: on its command line dev refuses a token outright.
+    for option, variable, value in (("--token", "RUNLEASE_DEV_TOKENS", "acme=short"),
+                                    ("--admin-token", "RUNLEASE_ADMIN_TOKEN", "short")):
+        result = runlease("dev", "--data-dir", str(tmp_path / "data"), **{variable: value})
         assert result.returncode == 2, result
         assert f"Invalid value for {option}: tokens must be at least 16" in result.stderr
         assert not (tmp_path / "data").exists()

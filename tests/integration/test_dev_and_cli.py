@@ -79,11 +79,12 @@ class Dev:
     def start(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         env.pop("DATABASE_URL", None)  # the embedded default, as on a fresh machine
+        # Tokens through the environment: never on a command line (docs/security.md).
+        env.update(RUNLEASE_DEV_TOKENS=f"acme={TENANT_TOKEN}", RUNLEASE_ADMIN_TOKEN=ADMIN_TOKEN)
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "runlease", "dev", "--data-dir", str(self.dir / "data"),
-                 "--port", str(self.port), "--workers", str(self.workers),
-                 "--token", f"acme={TENANT_TOKEN}", "--admin-token", ADMIN_TOKEN],
+                 "--port", str(self.port), "--workers", str(self.workers)],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         until_sync(self.ready, timeout_s=60, what="runlease dev to serve")
 
@@ -267,3 +268,72 @@ def test_the_readme_own_agent_path() -> None:
         stack.proc.wait(60)
         for pid in postgres_pids(stack.dir):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_dev_refuses_tokens_on_its_command_line() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    for args in (["--token", f"acme={TENANT_TOKEN}"], ["--admin-token", ADMIN_TOKEN]):
+        done = subprocess.run([sys.executable, "-m", "runlease", "dev", *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 2, done.stderr
+        assert "readable by every process" in done.stderr
+
+
+# What a hostile tool of the dev stack tries: every token and password it can
+# find (environments, command lines, the data directory), then a login to the
+# database's port without a password (the PostgreSQL startup message, by hand:
+# the tool has no driver). It prints the server's answer: R + 0 would be
+# "authentication ok" (trust), R + 10 is SASL (scram): a password is wanted.
+PROBE = r"""
+import glob, os, socket, struct, sys
+for path in glob.glob("/proc/[0-9]*/cmdline") + glob.glob("/proc/[0-9]*/environ"):
+    try:
+        print(path, open(path, "rb").read().replace(b"\0", b" ").decode(errors="replace"))
+    except OSError as exc:
+        print(path, "unreadable", exc.errno)
+data = sys.argv[1]
+for root, dirs, files in os.walk(data):
+    for name in files:
+        try:
+            print("file", name, open(os.path.join(root, name), errors="replace").read(200))
+        except OSError as exc:
+            print("file", name, "unreadable", exc.errno)
+print("listed", os.listdir(data) if os.path.isdir(data) else "no such dir")
+body = b"user\0postgres\0database\0postgres\0\0"
+s = socket.create_connection(("127.0.0.1", int(sys.argv[2])), 5)
+s.sendall(struct.pack("!ii", 8 + len(body), 196608) + body)
+kind, length = struct.unpack("!ci", s.recv(5))
+code = struct.unpack("!i", s.recv(4))[0] if kind == b"R" else None
+print("answer", kind.decode(), code)
+"""
+
+
+def test_a_dev_stack_tool_finds_no_token_and_cannot_log_in(dev: Dev) -> None:
+    log = dev.log.read_text()
+    port = int(log.split("database   postgresql://postgres:***@127.0.0.1:")[1].split("/")[0])
+    password = (dev.dir / "data" / "superuser.password").read_text().strip()
+    assert password not in log  # the banner shows the URL without it
+    assert "WARNING" not in log  # this machine sandboxes tools
+    assert dev.proc is not None
+    for pid in {dev.proc.pid, *descendants(dev.proc.pid)}:  # what the host sees
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        assert TENANT_TOKEN not in cmdline
+        assert ADMIN_TOKEN not in cmdline
+        assert password not in cmdline
+    plan = json.dumps({"steps": [{"shell": [
+        "python3", "-c", PROBE, str(dev.dir / "data"), str(port)]}]})
+    run = dev.json("runs", "submit", "--input", plan)
+    until_sync(lambda: dev.json("runs", "show", run["id"])["status"] in ("done", "dead"),
+               timeout_s=60, what="the probing run to finish")
+    shown = dev.json("runs", "show", run["id"])
+    assert shown["status"] == "done", shown
+    out = dev.json("runs", "steps", run["id"])
+    text = json.dumps(out)
+    assert TENANT_TOKEN not in text
+    assert ADMIN_TOKEN not in text
+    assert password not in text
+    assert "listed no such dir" in text or "listed []" in text
+    assert "answer R 10" in text, text[-2000:]  # SASL: the password is wanted

@@ -25,6 +25,7 @@ from tests.integration.test_worker import (
 )
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCall
 from tests.support.waiting import until
+from tests.support.workers import HOST_FILES
 
 API_KEY = "rlk-test-1b2c3d4e5f6a7b8c9d0e"  # no well-known shape: only the agent can scrub it
 
@@ -112,7 +113,7 @@ async def test_no_tool_runs_before_the_message_is_complete(
     fake.script(Reply(tool_calls=[shell("call_1", f"touch {marker}")], fail=fail))
     queued = await live_store.enqueue("default", "acme", ask("go", tools=["shell"]),
                                       max_attempts=1)
-    async with running_worker(db_url, agent):
+    async with running_worker(db_url, agent, **HOST_FILES):
         run = await finished(live_store, queued.run.id)
     assert (run.status, run.error_code) == ("dead", "model_unavailable")
     assert not marker.exists()
@@ -131,7 +132,7 @@ async def test_a_retry_replays_committed_turns_and_tools(
     )
     queued = await live_store.enqueue("default", "acme", ask("go", tools=["shell"]),
                                       max_attempts=3)
-    async with running_worker(db_url, agent):
+    async with running_worker(db_url, agent, **HOST_FILES):
         pending = await retried(live_store, queued.run.id)
         assert pending.error_code == "model_unavailable"
         assert "500" in (pending.error_message or "")
@@ -252,7 +253,7 @@ async def test_the_api_key_is_never_stored(
         Reply(status=401, error="Incorrect API key provided:", echo_key=True),
     )
     queued = await live_store.enqueue("default", "acme", ask("leak it", tools=["shell"]))
-    async with running_worker(db_url, agent):
+    async with running_worker(db_url, agent, **HOST_FILES):
         run = await finished(live_store, queued.run.id)
     assert (run.status, run.error_code) == ("dead", "model_rejected")
     assert fake.requests[1].headers["authorization"] == f"Bearer {API_KEY}"
@@ -282,7 +283,7 @@ async def test_unknown_tools_and_reused_ids_do_not_crash(
         Reply(content="ok"),
     )
     queued = await live_store.enqueue("default", "acme", ask("go", tools=["shell"]))
-    async with running_worker(db_url, agent):
+    async with running_worker(db_url, agent, **HOST_FILES):
         run = await finished(live_store, queued.run.id)
     assert run.status == "done", run.error_message
     assert run.result_json["tool_calls"] == 4

@@ -37,7 +37,8 @@ PLANTED = {
     "PLANTED_VALUE": "unrelatedvalue0815",  # a name that looks like nothing
 }
 RUN_VARS = {"RUNLEASE_RUN_ID", "RUNLEASE_ATTEMPT", "RUNLEASE_LEASE_EPOCH"}
-ALLOWED = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR"}
+# PWD: bwrap sets it, after --chdir into the run's directory (worker/sandbox.py).
+ALLOWED = {"PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PWD"}
 
 
 @pytest.fixture
@@ -124,8 +125,11 @@ async def test_a_tool_cannot_reach_into_its_worker_or_its_guard(
     # removed since. A tool of the worker's user reads it unless the worker is
     # non-dumpable. As in a worker pod, the worker (and so its tools) runs
     # with no capability: here as root, whose capabilities would allow it.
+    # Unsandboxed (root without capabilities cannot make a user namespace):
+    # what is tested here is the worker's and the guard's own protection.
     no_caps = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
-    worker = workers("a", prefix=no_caps, agent="runlease.agents.script:agent")
+    worker = workers("a", prefix=no_caps, agent="runlease.agents.script:agent",
+                     tool_sandbox=False, unsandboxed_pool="default")
     assert worker.proc is not None
     read = ["sh", "-c", f"tr '\\0' '\\n' < /proc/{worker.proc.pid}/environ; echo status=$?"]
     # Nor its guard's open files: a write end opened on the guard's lifeline

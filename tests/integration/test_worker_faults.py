@@ -19,6 +19,7 @@ import pytest
 from tests.support.proc import WorkerProcess, processes_with
 from tests.support.proxy import CuttableProxy
 from tests.support.waiting import until_sync
+from tests.support.workers import HOST_FILES
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +100,7 @@ def test_a_cut_network_stops_the_run_before_its_lease_expires(
     try:
         ticks = tmp_path / "ticks.txt"
         a = workers("a", url=proxy.url_for(db_url), agent="tests.support.agents:ticker",
-                    reaper=False)
+                    reaper=False, **HOST_FILES)
         enqueue(db_url, [{"path": str(ticks)}], max_attempts=3)
         until_sync(lambda: ticks.exists() and len(ticks.read_text().splitlines()) > 10,
                    what="the tool to tick on worker a")
@@ -111,7 +112,7 @@ def test_a_cut_network_stops_the_run_before_its_lease_expires(
         (locked_until,) = query(db_url, "SELECT extract(epoch FROM w.expires_at)"
                                         "  FROM agent_runs r JOIN agent_run_workers w"
                                         "    ON w.id = r.locked_by")[0]
-        workers("b", agent="tests.support.agents:ticker", reaper=True)
+        workers("b", agent="tests.support.agents:ticker", reaper=True, **HOST_FILES)
         until_sync(lambda: query(db_url, "SELECT status FROM agent_runs")[0][0] == "done",
                    timeout_s=30, what="worker b to complete the run")
         lines = [line.split() for line in ticks.read_text().splitlines()]
@@ -177,7 +178,8 @@ def test_chaos_kill_9_every_two_seconds(db_url: str, workers: Any, tmp_path: Pat
                                {"shell": shell}]})
     settings = {"agent": "runlease.agents.script:agent", "lease_s": 3,
                 "heartbeat_interval_s": 1, "poll_interval_s": 0.5, "concurrency": 10,
-                "leader_ttl_s": 2, "reaper_interval_s": 0.5, "drain_grace_s": 1}
+                "leader_ttl_s": 2, "reaper_interval_s": 0.5, "drain_grace_s": 1,
+                **HOST_FILES}  # the tools log to the test's executions.log
     live = [workers(f"w{i}", **settings) for i in range(4)]
     enqueue(db_url, runs, max_attempts=10)
     kills = 0

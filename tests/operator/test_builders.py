@@ -4,6 +4,7 @@ manifest is valid Kubernetes (strict, for the oldest version we support)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,12 @@ def test_worker_pods_give_a_tool_nothing_to_escalate_with() -> None:
     assert security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
-    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The tool sandbox (on by default) makes user namespaces and mounts a
+    # fresh /proc: a user-namespaced pod, an unmasked /proc, and a seccomp
+    # profile that allows unshare(2) (docs/security.md, 'Tools').
+    assert security["seccompProfile"] == {"type": "Unconfined"}
+    assert security["procMount"] == "Unmasked"
+    assert spec["hostUsers"] is False
     assert spec["securityContext"] == {"runAsNonRoot": True,
                                        "seccompProfile": {"type": "RuntimeDefault"}}
     assert spec["automountServiceAccountToken"] is False
@@ -374,3 +380,69 @@ def test_scheduling_and_env_sources_reach_the_pod() -> None:
         parse("batch", "ml", FULL | {"envFrom": [{"configMapRf": {"name": "x"}}]})
     with pytest.raises(InvalidSpec, match=r"spec\.priorityClassName must"):
         parse("batch", "ml", FULL | {"priorityClassName": "../x"})
+
+
+def _pod(spec: dict[str, Any]) -> dict[str, Any]:
+    built = build_deployment(parse("batch", "ml", spec), OWNER, replicas=1)
+    return dict(built["spec"]["template"])
+
+
+def test_the_tool_sandbox_reaches_the_workers_settings() -> None:
+    pod = _pod(MINIMAL | {"toolSandbox": {
+        "network": False, "maxProcesses": 64, "memoryMiB": 512, "cpuSeconds": 30,
+        "fileSizeMiB": 8, "diskMiB": 100, "hidePaths": ["/data/secrets"],
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "bwrap.json"}}})
+    env = env_of({"spec": {"template": pod}})
+    assert {k: v for k, v in env.items() if k.startswith("RUNLEASE_TOOL")} == {
+        "RUNLEASE_TOOL_SANDBOX": "true", "RUNLEASE_TOOL_NETWORK": "false",
+        "RUNLEASE_TOOL_MAX_PROCESSES": "64", "RUNLEASE_TOOL_MEMORY_MIB": "512",
+        "RUNLEASE_TOOL_CPU_S": "30", "RUNLEASE_TOOL_FILE_SIZE_MIB": "8",
+        "RUNLEASE_TOOL_DISK_MIB": "100", "RUNLEASE_TOOL_HIDE_PATHS": "/data/secrets"}
+    security = pod["spec"]["containers"][0]["securityContext"]
+    assert security["seccompProfile"] == {"type": "Localhost",
+                                          "localhostProfile": "bwrap.json"}
+    # Defaults: the worker's own limits, sandbox and network on.
+    env = env_of({"spec": {"template": _pod(MINIMAL)}})
+    assert {k: v for k, v in env.items() if k.startswith("RUNLEASE_TOOL")} == {
+        "RUNLEASE_TOOL_SANDBOX": "true", "RUNLEASE_TOOL_NETWORK": "true"}
+
+
+def test_an_unsandboxed_pool_serves_one_tenant_unless_the_admin_names_it() -> None:
+    from runlease.operator.spec import check_sandbox
+
+    off = parse("batch", "ml", MINIMAL | {"toolSandbox": {"enabled": False}})
+    with pytest.raises(InvalidSpec, match=r"toolSandbox\.tenant"):
+        check_sandbox(off, ())
+    with pytest.raises(InvalidSpec, match="--unsandboxed-pools"):
+        check_sandbox(off, ("other/batch", "ml/batch2"))  # the opt-in names this pool
+    check_sandbox(off, ("ml/batch",))
+    one = parse("batch", "ml", MINIMAL | {"toolSandbox": {"enabled": False, "tenant": "acme"}})
+    check_sandbox(one, ())
+    pod = _pod(MINIMAL | {"toolSandbox": {"enabled": False, "tenant": "acme"}})
+    env = env_of({"spec": {"template": pod}})
+    assert (env["RUNLEASE_TOOL_SANDBOX"], env["RUNLEASE_TOOL_TENANT"]) == ("false", "acme")
+    # Unsandboxed, the pod keeps the runtime's defaults.
+    security = pod["spec"]["containers"][0]["securityContext"]
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "procMount" not in security
+    assert "hostUsers" not in pod["spec"]
+    admitted = env_of({"spec": {"template": _pod(MINIMAL | {"toolSandbox": {"enabled": False}})}})
+    assert admitted["RUNLEASE_UNSANDBOXED_POOL"] == "batch"
+
+
+@pytest.mark.parametrize(("box", "field"), [
+    ({"enabled": "no"}, "spec.toolSandbox.enabled"),
+    ({"maxProcesses": 1}, "spec.toolSandbox.maxProcesses"),
+    ({"memoryMiB": True}, "spec.toolSandbox.memoryMiB"),
+    ({"hidePaths": ["relative"]}, "spec.toolSandbox.hidePaths"),
+    ({"hidePaths": ["/a/../etc"]}, "spec.toolSandbox.hidePaths"),
+    ({"hidePaths": ["/a b"]}, "spec.toolSandbox.hidePaths"),
+    ({"hidePaths": ["/x"] * 33}, "spec.toolSandbox.hidePaths"),
+    ({"tenant": "a\nb"}, "spec.toolSandbox.tenant"),
+    ({"seccompProfile": {"type": 7}}, "spec.toolSandbox.seccompProfile"),
+])
+def test_a_hostile_tool_sandbox_spec_is_refused(box: dict[str, Any], field: str) -> None:
+    """A pool author cannot smuggle options into the worker's command line or
+    environment through spec.toolSandbox: every value is typed and bounded."""
+    with pytest.raises(InvalidSpec, match=re.escape(field)):
+        parse("batch", "ml", MINIMAL | {"toolSandbox": box})

@@ -89,6 +89,13 @@ INVALID = [
     ("unknown nested field", lambda s: s["lease"].update(seconds=5)),
     ("bad pull policy", lambda s: s.update(imagePullPolicy="Sometimes")),
     ("concurrency 0", lambda s: s.update(concurrencyPerWorker=0)),
+    # A pool author's sandbox: typed and bounded at the API server too.
+    ("sandbox: too few processes", lambda s: s.update(toolSandbox={"maxProcesses": 1})),
+    ("sandbox: unknown field", lambda s: s.update(toolSandbox={"privileged": True})),
+    ("sandbox: a relative hidden path", lambda s: s.update(toolSandbox={"hidePaths": ["x"]})),
+    ("sandbox: a hidden path with a space", lambda s: s.update(
+        toolSandbox={"hidePaths": ["/a b"]})),
+    ("sandbox: enabled a string", lambda s: s.update(toolSandbox={"enabled": "no"})),
     ("concurrency a string", lambda s: s.update(concurrencyPerWorker="10")),
     ("target 0 (exclusive)", lambda s: s["autoscaling"].update(targetRunsPerWorker=0)),
     ("target over 1", lambda s: s["autoscaling"].update(targetRunsPerWorker=1.5)),

@@ -253,6 +253,27 @@ async def test_an_invalid_spec_is_degraded_with_the_message(kmock: Any, kubeconf
         assert DEPLOYMENTS not in {str(r.resource) for r in requests_of(kmock, method="POST")}
 
 
+async def test_an_unsandboxed_pool_for_every_tenant_is_refused_unless_named(
+        kmock: Any, kubeconfig: str, db_url: str) -> None:
+    """An AgentRunPool author turns the tool sandbox off: refused (no worker
+    Deployment), unless the operator's admin listed the pool by name."""
+    database_secret(kmock, db_url)
+    async with running_operator(kmock, unsandboxed_pools=(f"{NS}/allowed",)):
+        await create_pool(kmock, "open", toolSandbox={"enabled": False})
+        await eventually(lambda: condition(kmock, "Degraded", "open")["status"] == "True")
+        degraded = condition(kmock, "Degraded", "open")
+        assert degraded["reason"] == "InvalidSpec"
+        assert "--unsandboxed-pools" in degraded["message"]
+        await create_pool(kmock, "allowed", toolSandbox={"enabled": False})
+        deployment = await eventually(lambda: stored(kmock, DEPLOYMENTS, "allowed-workers"))
+        env = {e["name"]: e.get("value") for e in
+               deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RUNLEASE_UNSANDBOXED_POOL"] == "allowed"
+        assert "open-workers" not in {str(r.name) for r in
+                                      requests_of(kmock, method="POST")
+                                      if str(r.resource) == DEPLOYMENTS}
+
+
 async def test_a_missing_secret_is_retried_until_it_exists(kmock: Any, kubeconfig: str,
                                                             db_url: str) -> None:
     async with running_operator(kmock):

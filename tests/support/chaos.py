@@ -55,10 +55,13 @@ from tests.support.api_process import ApiProcess
 from tests.support.pg import own_postgres
 from tests.support.pgbouncer import running_pgbouncer
 from tests.support.proc import WorkerProcess
+from tests.support.workers import HOST_FILES
 
 WORKER_SETTINGS: dict[str, Any] = {
     "agent": "runlease.agents.script:agent", "lease_s": 3, "heartbeat_interval_s": 1,
     "poll_interval_s": 0.5, "leader_ttl_s": 2, "reaper_interval_s": 0.5, "drain_grace_s": 1,
+    # The tools log to the harness's own file (tools.log): unsandboxed.
+    **HOST_FILES,
 }
 
 

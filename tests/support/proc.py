@@ -93,9 +93,10 @@ class WorkerProcess(ChildProcess):
                 else str(value)
         super().__init__(log_dir / f"{name}.log", env)
         self.argv_prefix: list[str] = []  # e.g. setpriv, to start it with fewer privileges
+        self.python = sys.executable  # another for a uid that cannot run this one
 
     def start(self) -> WorkerProcess:
-        self._spawn([*self.argv_prefix, sys.executable, "-m", "runlease", "worker"])
+        self._spawn([*self.argv_prefix, self.python, "-m", "runlease", "worker"])
         return self
 
     @property

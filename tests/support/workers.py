@@ -12,6 +12,10 @@ from runlease.settings import WorkerSettings, load
 from runlease.worker.worker import Worker
 
 _ids = itertools.count()
+# For tests whose tools write their evidence to the test's own files (a
+# sandboxed tool sees none of the host's /tmp): tools run unsandboxed, every
+# tenant's, which the pool's name written out allows (worker/sandbox.py).
+HOST_FILES: dict[str, Any] = {"tool_sandbox": False, "unsandboxed_pool": "default"}
 
 
 @asynccontextmanager

@@ -57,7 +57,8 @@ def database(url: str | None, data_dir: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    server = EmbeddedPostgres(data_dir)
+    # As `runlease dev` makes it: the superuser wants its password (db/embedded.py).
+    server = EmbeddedPostgres(data_dir, password_auth=True)
     lock = FolderLock(data_dir, command="runlease migrate")
     with contextlib.suppress(FolderBusy):
         # Busy: its owner (`runlease dev`) runs the server; we use it and
@@ -110,8 +111,13 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
               help="Slots per worker.")
 @click.option("--token", "tokens", multiple=True, metavar="TENANT=TOKEN",
-              help="A tenant's API token (repeatable); generated when none is given.")
-@click.option("--admin-token", help="The admin API token; generated when not given.")
+              envvar="RUNLEASE_DEV_TOKENS",
+              help="Tenants' API tokens, from the environment only (RUNLEASE_DEV_TOKENS, "
+                   "space-separated TENANT=TOKEN pairs): a command line is readable by "
+                   "every process of the machine. Generated when none is given.")
+@click.option("--admin-token", envvar="RUNLEASE_ADMIN_TOKEN",
+              help="The admin API token, from the environment only (RUNLEASE_ADMIN_TOKEN); "
+                   "generated when not given.")
 @click.option("--demo", is_flag=True,
               help="Submit demo runs for three tenants and show them live; the stack "
                    "keeps serving (web console at /ui/) until Ctrl-C.")
@@ -120,8 +126,16 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
         demo: bool) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
     from runlease.api.auth import ADMIN, TokenRegistry, parse_token_pairs
-    from runlease.dev import DevOptions, run_dev
+    from runlease.dev import DevOptions, run_dev, seal_tokens
 
+    ctx = click.get_current_context()
+    for name, option in (("tokens", "--token"), ("admin_token", "--admin-token")):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            env = "RUNLEASE_DEV_TOKENS" if name == "tokens" else "RUNLEASE_ADMIN_TOKEN"
+            raise click.UsageError(
+                f"{option} on the command line is readable by every process of this "
+                f"machine (/proc/<pid>/cmdline), tools included: set {env} instead")
+    seal_tokens()
     try:
         tenant_tokens = dict(parse_token_pairs(tokens))
         for tenant, token in tenant_tokens.items():  # checked now, not after PostgreSQL started
@@ -146,6 +160,7 @@ def worker(**options: object) -> None:
     RUNLEASE_* environment variable; SIGTERM drains."""
     from runlease.worker.worker import Worker
 
+    warn_url_on_command_line(options)
     settings = load(WorkerSettings, options)  # imports the agent, too
     # What is loaded now (modules, the agent's imports) lives as long as the
     # process: kept out of the collector's full passes, which a busy worker's
@@ -169,6 +184,7 @@ def api(**options: object) -> None:
     from runlease.api.app import create_app
     from runlease.api.server import ApiServer, bind_socket, run_forever
 
+    warn_url_on_command_line(options)
     settings = load(ApiSettings, options)
     if settings.database_url:
         # As a worker does: behind a transaction pooler, prepared statements
@@ -193,6 +209,14 @@ def operator(**options: object) -> None:
     check_port_free(settings.metrics_host, settings.metrics_port)
     check_cluster()
     run_operator(settings)
+
+
+def warn_url_on_command_line(options: dict[str, object]) -> None:
+    """Options come from the command line (the environment is read by load())."""
+    if options.get("database_url") or options.get("listen_database_url"):
+        logging.getLogger("runlease.cli").warning(
+            "database_url_on_command_line: every process of this machine can read it in "
+            "/proc/<pid>/cmdline; give it as RUNLEASE_DATABASE_URL or --database-url-file")
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -9,6 +9,13 @@ pg_ctl ourselves.
 
 PostgreSQL refuses to run as root; as root we run it as a dedicated system
 user (created on first use) that owns the data directory.
+
+With `password_auth` (`runlease dev`), the superuser has a random password
+(scram-sha-256, for local and TCP connections alike), kept in
+<data_dir>/superuser.password (0600, ours): a tool that reaches the port
+cannot log in, whereas with trust any local process was the superuser
+(`COPY ... FROM PROGRAM` included). A data directory made before with trust is
+converted at its next start.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import importlib.util
 import logging
 import os
 import pwd
+import secrets
 import shutil
 import socket
 import subprocess
@@ -31,6 +39,12 @@ from runlease.errors import RunleaseError
 log = logging.getLogger(__name__)
 
 SERVICE_USER = "runlease-pg"
+PASSWORD_FILE = "superuser.password"
+SCRAM_HBA = """# Written by runlease (db/embedded.py): the superuser's password, always.
+local all all scram-sha-256
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
 
 
 class EmbeddedError(RunleaseError):
@@ -84,20 +98,88 @@ class EmbeddedPostgres:
         port: int | None = None,
         durable: bool = True,
         max_connections: int = 300,
+        password_auth: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.pgdata = self.data_dir / "pgdata"
         self.port = port
         self.durable = durable
         self.max_connections = max_connections
+        self.password_auth = password_auth
         self._uid = _service_uid()
         self._started_here = False
+
+    @property
+    def password_file(self) -> Path:
+        return self.data_dir / PASSWORD_FILE
+
+    def password(self) -> str | None:
+        """The superuser's password, if the data directory has one."""
+        try:
+            return self.password_file.read_text().strip() or None
+        except FileNotFoundError:
+            return None
 
     @property
     def url(self) -> str:
         if self.port is None:
             raise EmbeddedError("the server is not started")
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        password = self.password()
+        user = f"postgres:{password}" if password else "postgres"
+        return f"postgresql://{user}@127.0.0.1:{self.port}/postgres"
+
+    def _new_password(self) -> str:
+        password = secrets.token_urlsafe(24)
+        fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        return password
+
+    def _initdb(self) -> None:
+        if not self.password_auth:
+            self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust",
+                      "-E", "UTF8", "--no-instructions")
+            return
+        password = self.password() or self._new_password()
+        # initdb runs as the service user: it reads the password from a file of its own.
+        pwfile = self.data_dir / ".initdb-password"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        try:
+            if self._uid is not None:
+                os.chown(pwfile, self._uid, -1)
+            self._run("initdb", "-D", str(self.pgdata), "-U", "postgres",
+                      "--auth=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8",
+                      "--no-instructions")
+        finally:
+            pwfile.unlink(missing_ok=True)
+        self._write_hba()
+
+    def _write_hba(self) -> None:
+        hba = self.pgdata / "pg_hba.conf"
+        hba.write_text(SCRAM_HBA)
+        if self._uid is not None:
+            os.chown(hba, self._uid, -1)
+
+    def _require_password(self) -> None:
+        """A data directory made with trust: give the superuser a password,
+        then allow nothing but password logins (the server is running)."""
+        hba = self.pgdata / "pg_hba.conf"
+        if hba.read_text() == SCRAM_HBA and self.password():
+            return
+        import psycopg  # imported here: the module is used before psycopg is needed
+        from psycopg import sql
+
+        password = self.password() or self._new_password()
+        trusted = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        with psycopg.connect(trusted, autocommit=True) as conn:
+            conn.execute("SET password_encryption = 'scram-sha-256'")
+            conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(
+                sql.Literal(password)))
+        self._write_hba()
+        self._run("pg_ctl", "-D", str(self.pgdata), "reload")
+        log.info("embedded_postgres_password_set data_dir=%s", self.data_dir)
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         # A session of its own: a Ctrl-C at the terminal must not reach the
@@ -159,8 +241,7 @@ class EmbeddedPostgres:
             self.port = port
             return self.url
         if not (self.pgdata / "PG_VERSION").exists():
-            self._run("initdb", "-D", str(self.pgdata), "-U", "postgres", "--auth=trust",
-                      "-E", "UTF8", "--no-instructions")
+            self._initdb()
         for attempt in range(5):
             self.port = self.port or free_port()
             options = [
@@ -183,6 +264,8 @@ class EmbeddedPostgres:
                 self.port = None  # lost a race for the port; pick another
         self._started_here = True
         self._wait_ready()
+        if self.password_auth:
+            self._require_password()
         return self.url
 
     def _wait_ready(self, timeout_s: float = 30) -> None:

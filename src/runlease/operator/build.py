@@ -102,8 +102,27 @@ def worker_env(spec: PoolSpec) -> list[k.V1EnvVar]:
         # Tools inherit these (docs/agents.md): they are the pod's writable places.
         value("HOME", WORK_DIR),
         value("TMPDIR", TMP_DIR),
+        *sandbox_env(spec),
         *(k.V1EnvVar.model_validate(e) for e in spec.env),
     ]
+
+
+def sandbox_env(spec: PoolSpec) -> list[k.V1EnvVar]:
+    """spec.toolSandbox as the worker's settings (worker/sandbox.py)."""
+    box = spec.tool_sandbox
+    out = {"RUNLEASE_TOOL_SANDBOX": str(box.enabled).lower(),
+           "RUNLEASE_TOOL_NETWORK": str(box.network).lower()}
+    for name in ("max_processes", "memory_mib", "cpu_s", "file_size_mib", "disk_mib"):
+        if (limit := getattr(box, name)) is not None:
+            out[f"RUNLEASE_TOOL_{name.upper()}"] = str(limit)
+    if box.hide_paths:
+        out["RUNLEASE_TOOL_HIDE_PATHS"] = ",".join(box.hide_paths)
+    if not box.enabled:
+        if box.tenant:
+            out["RUNLEASE_TOOL_TENANT"] = box.tenant
+        else:  # the operator let it through: its admin listed the pool (spec.check_sandbox)
+            out["RUNLEASE_UNSANDBOXED_POOL"] = spec.pool
+    return [k.V1EnvVar(name=name, value=v) for name, v in out.items()]
 
 
 def database_extras(spec: PoolSpec) -> list[k.V1EnvVar]:
@@ -118,13 +137,20 @@ def database_extras(spec: PoolSpec) -> list[k.V1EnvVar]:
     return extras
 
 
-def worker_security_context() -> k.V1SecurityContext:
+def worker_security_context(spec: PoolSpec | None = None) -> k.V1SecurityContext:
     """A worker runs tools a model chose: the container gives them nothing to
-    escalate with and nowhere to write but its two emptyDirs."""
+    escalate with and nowhere to write but its two emptyDirs. With the tool
+    sandbox, bwrap must make user namespaces and mount a fresh /proc: the
+    runtime's default seccomp profile refuses unshare(2) (the spec names
+    another, Unconfined by default) and a masked /proc cannot be mounted
+    again (Unmasked, which Kubernetes allows in a user-namespaced pod)."""
+    sandboxed = spec is not None and spec.tool_sandbox.enabled
+    seccomp = (k.V1SeccompProfile.model_validate(spec.tool_sandbox.seccomp_profile)
+               if spec is not None and sandboxed else k.V1SeccompProfile(type=RUNTIME_DEFAULT))
     return k.V1SecurityContext(
         allow_privilege_escalation=False, run_as_non_root=True,
         read_only_root_filesystem=True, capabilities=k.V1Capabilities(drop=["ALL"]),
-        seccomp_profile=k.V1SeccompProfile(type=RUNTIME_DEFAULT))
+        seccomp_profile=seccomp, proc_mount="Unmasked" if sandboxed else None)
 
 
 def _probe(path: str, period_s: int) -> k.V1Probe:
@@ -143,7 +169,7 @@ def deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> k.V1Depl
                                  protocol="TCP")],
         liveness_probe=_probe("/healthz", 10),
         readiness_probe=_probe("/readyz", 5),
-        security_context=worker_security_context(),
+        security_context=worker_security_context(spec),
         working_dir=WORK_DIR,
         volume_mounts=[k.V1VolumeMount(name="tmp", mount_path=TMP_DIR),
                        k.V1VolumeMount(name="work", mount_path=WORK_DIR)],
@@ -156,6 +182,9 @@ def deployment(spec: PoolSpec, owner: dict[str, Any], replicas: int) -> k.V1Depl
         # The pod's pause process becomes PID 1 and reaps what a dead worker
         # leaves: its tools' guards (worker/toolguard.py), which end themselves.
         share_process_namespace=True,
+        # The sandbox's /proc needs procMount Unmasked, allowed in a pod of
+        # its own user namespace only; a safer pod either way.
+        host_users=False if spec.tool_sandbox.enabled else None,
         security_context=k.V1PodSecurityContext(
             run_as_non_root=True, seccomp_profile=k.V1SeccompProfile(type=RUNTIME_DEFAULT)),
         # Nothing in a worker talks to the Kubernetes API; a tool must not either.

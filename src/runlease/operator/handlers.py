@@ -35,7 +35,7 @@ from runlease.operator.databases import Databases, SecretMissing
 from runlease.operator.health import Health
 from runlease.operator.k8s import Kubernetes, connection_info, load_configuration
 from runlease.operator.ownership import PoolTaken
-from runlease.operator.spec import InvalidSpec, PoolSpec, parse
+from runlease.operator.spec import InvalidSpec, PoolSpec, check_sandbox, parse
 from runlease.services.http import ProbeServer
 from runlease.services.identity import boot_id
 from runlease.settings import OperatorSettings
@@ -112,6 +112,8 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
     """Database rows, then manifests. Raises InvalidSpec for a bad spec."""
     meta = body["metadata"]
     spec = parse(meta["name"], meta["namespace"], body.get("spec") or {})
+    config: OperatorSettings = memo.config
+    check_sandbox(spec, config.unsandboxed_pools)
     db = await memo.dbs.for_pool(memo.k8s, spec)
     # Another namespace's AgentRunPool of the same pool name must not take
     # over this pool's queue and settings (ownership.py).

@@ -34,6 +34,38 @@ class InvalidSpec(ValueError):
 
 
 @dataclass(frozen=True)
+class ToolSandboxSpec:
+    """spec.toolSandbox: how the pool's workers sandbox tools (worker/sandbox.py).
+    None in a limit: the worker's default."""
+
+    enabled: bool = True
+    network: bool = True
+    max_processes: int | None = None
+    memory_mib: int | None = None
+    cpu_s: int | None = None
+    file_size_mib: int | None = None
+    disk_mib: int | None = None
+    hide_paths: tuple[str, ...] = ()
+    # Unsandboxed: the one tenant whose tools run (other tenants' tool calls fail).
+    tenant: str | None = None
+    # The worker container's seccomp profile when sandboxed: the runtime's
+    # default refuses unshare(2), which bwrap needs.
+    seccomp_profile: dict[str, Any] = field(
+        default_factory=lambda: {"type": "Unconfined"})
+
+
+SANDBOX_LIMITS = {  # spec key: (field, minimum, maximum), as WorkerSettings bounds them
+    "maxProcesses": ("max_processes", 8, 1_000_000),
+    "memoryMiB": ("memory_mib", 64, 1_048_576),
+    "cpuSeconds": ("cpu_s", 1, 1_000_000),
+    "fileSizeMiB": ("file_size_mib", 1, 1_048_576),
+    "diskMiB": ("disk_mib", 1, 1_048_576),
+}
+HIDE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/-]{0,254}$")
+MAX_HIDE_PATHS = 32
+
+
+@dataclass(frozen=True)
 class PoolSpec:
     name: str
     namespace: str
@@ -63,6 +95,7 @@ class PoolSpec:
     retention_s: int = DEFAULT_RETENTION_S
     paused: bool = False
     tool_env: tuple[str, ...] = ()
+    tool_sandbox: ToolSandboxSpec = field(default_factory=ToolSandboxSpec)
     drain_grace_s: int = 25
     termination_grace_s: int = 60
     metrics_port: int = 9464
@@ -179,6 +212,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
                          bounds.RETENTION_S_MAX),
         paused=_bool(spec, "paused"),
         tool_env=_bounded("spec.toolEnv", bounds.check_tool_env, spec.get("toolEnv") or []),
+        tool_sandbox=_tool_sandbox(spec),
         drain_grace_s=_int(spec, "drainGraceSeconds", 25, 0, 3600),
         termination_grace_s=_int(spec, "terminationGracePeriodSeconds", 60, 1, 7200),
         metrics_port=_int(spec, "metricsPort", 9464, 1, 65535),
@@ -226,6 +260,44 @@ def _check_models(parsed: PoolSpec) -> None:
         _typed("spec.affinity", k.V1Affinity, parsed.affinity)
     if parsed.resources:
         _typed("spec.resources", k.V1ResourceRequirements, parsed.resources)
+    _typed("spec.toolSandbox.seccompProfile", k.V1SeccompProfile,
+           parsed.tool_sandbox.seccomp_profile)
+
+
+def _tool_sandbox(spec: Mapping[str, Any]) -> ToolSandboxSpec:
+    box = _mapping(spec, "toolSandbox")
+    where = "spec.toolSandbox"
+    limits = {name: _int(spec, f"toolSandbox.{key}", 0, lo, hi)
+              if box.get(key) is not None else None
+              for key, (name, lo, hi) in SANDBOX_LIMITS.items()}
+    paths = box.get("hidePaths") or []
+    if not isinstance(paths, list) or len(paths) > MAX_HIDE_PATHS or not all(
+            isinstance(p, str) and HIDE_PATH_RE.match(p) and ".." not in p.split("/")
+            for p in paths):
+        raise InvalidSpec(f"{where}.hidePaths must be at most {MAX_HIDE_PATHS} absolute "
+                          "paths (letters, digits, . _ - /; no ..)")
+    tenant = box.get("tenant")
+    if tenant is not None:
+        tenant = _bounded(f"{where}.tenant", bounds.check_tenant, tenant)
+    seccomp = _mapping(box, "seccompProfile") or {"type": "Unconfined"}
+    return ToolSandboxSpec(
+        enabled=_bool(box, "enabled", default=True, where=where),
+        network=_bool(box, "network", default=True, where=where),
+        hide_paths=tuple(paths), tenant=tenant, seccomp_profile=seccomp,
+        **limits)
+
+
+def check_sandbox(spec: PoolSpec, unsandboxed_pools: tuple[str, ...]) -> None:
+    """A pool without a sandbox serves one tenant (spec.toolSandbox.tenant),
+    unless the operator's admin named it (--unsandboxed-pools namespace/name):
+    its tenants' tools would share the worker, files, processes and all."""
+    box = spec.tool_sandbox
+    if box.enabled or box.tenant or f"{spec.namespace}/{spec.name}" in unsandboxed_pools:
+        return
+    raise InvalidSpec(
+        "spec.toolSandbox.enabled is false: tools of different tenants would share the "
+        "workers; set spec.toolSandbox.tenant to the one tenant this pool serves, or ask "
+        f"the operator's admin to list {spec.namespace}/{spec.name} in --unsandboxed-pools")
 
 
 def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:

@@ -14,6 +14,9 @@ class ApiSettings:
 
     database_url: str | None = setting(
         None, "PostgreSQL URL.", env=("DATABASE_URL",))
+    database_url_file: str | None = setting(
+        None, "A file holding the PostgreSQL URL (a mounted Secret): unlike --database-url, "
+              "on no command line, which every process of the machine can read.")
     listen_database_url: str | None = setting(
         None, "Separate URL for the LISTEN session that follows event streams; defaults "
               "to database_url.")

@@ -125,11 +125,30 @@ def load(cls: type[S], given: Mapping[str, Any] | None = None,
                 continue
             raw = None
         values[f.name] = _parse(f.name, hints[f.name], raw, f.metadata)
+    if values.get("database_url_file"):
+        values["database_url"] = _read_url_file(values)
     instance = cls(**values)
     check = getattr(instance, "check", None)
     if check is not None:
         check()
     return instance
+
+
+def _read_url_file(values: Mapping[str, Any]) -> str:
+    """--database-url-file: the URL from a file (a mounted Secret), so it is on
+    no command line and in no environment a child could inherit."""
+    path = values["database_url_file"]
+    where = describe("database_url_file")
+    if values.get("database_url"):
+        raise SettingsError(f"{where} and {describe('database_url')} exclude each other")
+    try:
+        with open(path) as f:
+            url = f.read().strip()
+    except OSError as exc:
+        raise SettingsError(f"{where}: {path}: {exc.strerror or exc}") from None
+    if not url:
+        raise SettingsError(f"{where}: {path} is empty")
+    return url
 
 
 def shown_fields(cls: type[Any]) -> list[dataclasses.Field[Any]]:

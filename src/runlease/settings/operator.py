@@ -39,6 +39,10 @@ class OperatorSettings(ReaperSettings):
                                       "off.", minimum=0, maximum=65535)
     metrics_host: str = setting("0.0.0.0", "Address /metrics listens on.")
     log_json: bool = setting(False, "Log one JSON object per line.")
+    unsandboxed_pools: tuple[str, ...] = setting(
+        (), "AgentRunPools (namespace/name, comma-separated) allowed to run every "
+            "tenant's tools without a sandbox (spec.toolSandbox.enabled false and no "
+            "spec.toolSandbox.tenant); any other such pool is refused.")
 
     def check(self) -> None:
         if self.all_namespaces and self.namespaces:

@@ -45,6 +45,9 @@ class WorkerSettings(ReaperSettings):
                                 "imported (as uvicorn's --app-dir); '' adds none.")
     database_url: str | None = setting(
         None, "PostgreSQL URL for claims, heartbeats and agent writes.", env=("DATABASE_URL",))
+    database_url_file: str | None = setting(
+        None, "A file holding the PostgreSQL URL (a mounted Secret): unlike --database-url, "
+              "on no command line, which every process of the machine can read.")
     listen_database_url: str | None = setting(
         None, "Separate URL for the LISTEN session (a direct or session-mode PgBouncer "
               "URL when database_url goes through PgBouncer in transaction mode); "
@@ -80,6 +83,41 @@ class WorkerSettings(ReaperSettings):
               "task is cancelled.", minimum=0)
     tool_kill_grace_s: float = setting(
         5.0, "After SIGTERM to a tool's process group, how long before SIGKILL.", minimum=0)
+    tool_sandbox: bool = setting(
+        True, "Run every tool in a bubblewrap sandbox of its own (new user, PID, IPC and "
+              "mount namespaces, the run's own directory, limits; docs/security.md). "
+              "Without it, only --tool-tenant's runs may run tools, unless "
+              "--unsandboxed-pool names this worker's pool.")
+    tool_network: bool = setting(True, "Tools may use the network; with --no-tool-network "
+                                       "they get a network namespace of their own, empty.")
+    tool_max_processes: int = setting(256, "Processes and threads of one tool call.",
+                                      minimum=8, maximum=1_000_000)
+    tool_memory_mib: int = setting(1024, "Address space of each tool process, MiB.",
+                                   minimum=64, maximum=1_048_576)
+    tool_cpu_s: int = setting(600, "CPU seconds of each tool process.", minimum=1,
+                              maximum=1_000_000)
+    tool_file_size_mib: int = setting(256, "Largest file a tool may write, MiB.", minimum=1,
+                                      maximum=1_048_576)
+    tool_disk_mib: int = setting(
+        512, "Disk of a run's tools, MiB: the size of each tool's /tmp (a tmpfs, so it "
+             "counts as the pod's memory) and of the run's own directory.", minimum=1,
+        maximum=1_048_576)
+    tool_hide_paths: tuple[str, ...] = setting(
+        (), "More directories tools must not see (each hidden behind an empty tmpfs), "
+            "besides /tmp, /run, /home, /root, the worker's HOME and the runs' directories.")
+    tool_runs_dir: str = setting(
+        "", "Where each run's directory is made (hidden from tools); '' is "
+            "$TMPDIR/runlease-runs-<uid>.")
+    tool_uid: int = setting(65534, "A worker running as root starts its tools' sandboxes "
+                                   "as this uid (root's files stay closed to them).",
+                            minimum=1, maximum=2**31 - 2)
+    tool_tenant: str | None = setting(
+        None, "With --no-tool-sandbox: the one tenant whose runs may run tools on this "
+              "worker (other tenants' tool calls fail).")
+    unsandboxed_pool: str | None = setting(
+        None, "With --no-tool-sandbox: this worker's pool name, written out, to let every "
+              "tenant's tools run unsandboxed side by side (an admin's opt-in; they can "
+              "then read and signal each other).")
     drain_grace_s: float = setting(
         25.0, "On SIGTERM, how long running runs may finish before they are cancelled and "
               "released; keep it below the pod's terminationGracePeriodSeconds.", minimum=0)
@@ -106,7 +144,18 @@ class WorkerSettings(ReaperSettings):
             check_pool(self.pool)
         except ValidationError as exc:
             raise SettingsError(f"{describe('pool')}: {exc.message}") from None
+        self.check_tool_sandbox()
         load_agent(self.agent, self.app_dir)
+
+    def check_tool_sandbox(self) -> None:
+        """No sandbox: one tenant's tools only, unless the pool is named."""
+        if self.tool_sandbox or self.tool_tenant or self.unsandboxed_pool == self.pool:
+            return
+        raise SettingsError(
+            f"{describe('tool_sandbox')} is off: tools of different tenants would share "
+            f"the worker (their files, processes and environments); set "
+            f"{describe('tool_tenant')} to the one tenant this pool serves, or "
+            f"{describe('unsandboxed_pool')} to {self.pool!r} to allow it anyway")
 
     def with_pool_lease(self, pool_lease_s: int) -> WorkerSettings:
         """These settings with the lease resolved: lease_s 0 takes the pool's,

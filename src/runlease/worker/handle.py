@@ -15,6 +15,7 @@ from runlease.clock import Clock, SystemClock
 from runlease.core.states import Outcome
 from runlease.db.models import Lease
 from runlease.worker.incarnation import Incarnation
+from runlease.worker.sandbox import Sandbox
 from runlease.worker.toolenv import run_vars
 from runlease.worker.tools import ToolRunner
 from runlease.worker.waits import Flag
@@ -43,6 +44,15 @@ class AttemptTerms:
     # The worker's monotonic clock, which alone judges the fence (a
     # ManualClock in tests, so the fence is driven without sleeping).
     clock: Clock = field(default_factory=SystemClock)
+    # Tools in a sandbox (worker/sandbox.py); without one, only tool_tenant's
+    # runs may run tools (None: any tenant's, an admin's opt-in).
+    sandbox: Sandbox | None = None
+    tool_tenant: str | None = None
+
+    def tools_refused(self, tenant: str) -> str | None:
+        if self.sandbox is None and self.tool_tenant not in (None, tenant):
+            return "this pool's workers run tools unsandboxed for another tenant only"
+        return None
 
     @cached_property
     def fence_after_s(self) -> float:
@@ -80,7 +90,9 @@ class RunHandle:
         self.cancel = asyncio.Event()
         self.tools = ToolRunner(self.cancel, terms.kill_grace_s, grant=terms.tool_grant,
                                 run_env=partial(run_vars, self.rid, lease.run.attempts,
-                                                lease.epoch))
+                                                lease.epoch),
+                                sandbox=terms.sandbox, run_name=f"{self.rid}-{lease.epoch}",
+                                refused=terms.tools_refused(lease.run.tenant_id))
         self.reason: StopReason | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = Flag()

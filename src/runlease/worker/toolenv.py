@@ -109,11 +109,11 @@ def seal(database_urls: Iterable[str | None] = ()) -> None:
                if name in _sealed.deny_names and not name.startswith(LIBPQ_PREFIX)]
     for name in removed:
         del os.environ[name]
-    dumpable = _non_dumpable()
+    dumpable = non_dumpable()
     log.info("worker_environ_sealed removed=%d non_dumpable=%s", len(removed), dumpable)
 
 
-def _non_dumpable() -> bool:
+def non_dumpable() -> bool:
     """/proc/<pid>/environ still holds the start environment (unsetenv does not
     erase it): a non-dumpable process's /proc files can be read by root only."""
     try:

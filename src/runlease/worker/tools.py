@@ -12,14 +12,22 @@ process has ended and its output is closed, whatever it left running in its
 group is stopped the same way (SIGTERM, SIGKILL after the grace): a tool call
 leaves nothing behind. The tool's environment is built by worker/toolenv.py:
 an allowlist, the pool's grants, and never the worker's secrets.
+
+With a sandbox (worker/sandbox.py), the guard starts bwrap instead of the
+tool: the tool runs in its own namespaces with the run's own directory,
+under limits, and its whole PID namespace dies with its main process. The
+run's directory is measured while a tool runs: past the pool's disk limit the
+tool is killed and the call fails (ToolLimitExceeded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -29,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from runlease.worker import toolenv
-from runlease.worker.errors import RunCancelled, ToolTimeout
+from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
+from runlease.worker.sandbox import INSIDE_TMP, INSIDE_WORK, Sandbox, give_back
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +133,54 @@ async def terminate_group(proc: asyncio.subprocess.Process, grace_s: float) -> N
 
 
 OnOutput = Callable[[str, bytes], None]
+DISK_CHECK_S = 0.25  # how often the run's directory is measured while a tool runs
+MAX_FILES = 100_000  # entries of a run's directory, besides its bytes
+
+
+class ToolLimitExceeded(FatalError):
+    """A tool went past a limit the worker enforces itself (the run's disk)."""
+
+
+class ToolRefused(FatalError):
+    """This worker may not run this run's tools (unsandboxed, another tenant's pool)."""
+
+
+def disk_usage(path: Path, limit_bytes: int) -> int:
+    """Bytes held under path (blocks, not sizes: a sparse file counts as
+    written), stopping once over limit_bytes or MAX_FILES entries (then a
+    number above the limit). A folder that cannot be listed counts as over:
+    what cannot be measured is not allowed."""
+    total, entries, stack = 0, 0, [str(path)]
+    while stack:
+        folder = stack.pop()
+        try:
+            it = os.scandir(folder)
+        except PermissionError:
+            give_back(folder)
+            try:
+                it = os.scandir(folder)
+            except OSError:
+                return limit_bytes + 1
+        except OSError:
+            continue
+        try:
+            with it:
+                for entry in it:
+                    entries += 1
+                    if entries > MAX_FILES:
+                        return limit_bytes + 1
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    if total > limit_bytes:
+                        return total
+        except OSError:
+            continue
+    return total
 
 
 async def _tail(stream: asyncio.StreamReader | None, name: str = "",
@@ -171,15 +228,55 @@ class ToolRunner:
         *,
         grant: frozenset[str] = frozenset(),
         run_env: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
+        sandbox: Sandbox | None = None,
+        run_name: str = "",
+        refused: str | None = None,
     ) -> None:
         """`run_env` may be a function: made at the first tool (most runs
-        have none, and a busy worker makes a ToolRunner per run)."""
+        have none, and a busy worker makes a ToolRunner per run). With a
+        `sandbox`, each tool runs in it, in the run's directory `run_name`
+        (made at the first tool, removed by close()). `refused` says why
+        this run may not run tools here at all."""
         self.cancel = cancel
         self.kill_grace_s = kill_grace_s
         self.grant = toolenv.check_grant(grant) if grant else frozenset()
         self._run_env = run_env
+        self.sandbox = sandbox
+        self.run_name = run_name
+        self.refused = refused
+        self._run_dir: Path | None = None
         self.hard = False  # lease lost or self-fenced: SIGKILL at once
         self.live: set[asyncio.subprocess.Process] = set()
+
+    def close(self) -> None:
+        """The attempt has ended: the run's directory goes (its tools are gone)."""
+        if self._run_dir is not None and self.sandbox is not None:
+            self.sandbox.remove_run_dir(self.run_name)
+            self._run_dir = None
+
+    def _sandboxed(self, argv: Sequence[str], cwd: str | None,
+                   env: dict[str, str]) -> tuple[list[str], str | None]:
+        """argv as run in the sandbox, and the guard's working directory."""
+        assert self.sandbox is not None
+        if "/" not in argv[0] and shutil.which(argv[0], path=env.get("PATH")) is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+        if self._run_dir is None:
+            self._run_dir = self.sandbox.run_dir(self.run_name or "run")
+        env.update(HOME=INSIDE_WORK, TMPDIR=INSIDE_TMP)
+        return self.sandbox.wrap(argv, self._run_dir, cwd=cwd), str(self._run_dir)
+
+    async def _watch_disk(self, proc: asyncio.subprocess.Process, over: list[int]) -> None:
+        """Kill the tool once the run's directory holds more than the limit."""
+        assert self.sandbox is not None
+        assert self._run_dir is not None
+        limit = self.sandbox.limits.disk_mib * 1024 * 1024
+        while True:
+            used = await asyncio.to_thread(disk_usage, self._run_dir, limit)
+            if used > limit:
+                over.append(used)
+                await terminate_group(proc, 0.0)
+                return
+            await asyncio.sleep(DISK_CHECK_S)
 
     @property
     def run_env(self) -> dict[str, str]:
@@ -198,14 +295,19 @@ class ToolRunner:
         printed (it must not block: it runs in the pipe readers)."""
         if not argv:
             raise ValueError("argv must not be empty")
+        if self.refused is not None:
+            raise ToolRefused(self.refused)
         started = time.monotonic()
         tool_env = toolenv.build(env, grant=self.grant, run_env=self.run_env)
+        command: Sequence[str] = argv
+        if self.sandbox is not None:
+            command, cwd = self._sandboxed(argv, cwd, tool_env)
         guard_in = lifeline()
         status_r, status_w = os.pipe()
         try:
             # -I: the guard ignores PYTHON* variables the tool's env may carry.
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", str(GUARD), str(guard_in), str(status_w), *argv,
+                sys.executable, "-I", "-S", str(GUARD), str(guard_in), str(status_w), *command,
                 cwd=cwd, env=tool_env, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True, pass_fds=(guard_in, status_w),
@@ -221,26 +323,14 @@ class ToolRunner:
                                                      _tail(proc.stderr, "stderr", on_output),
                                                      _status(status_r))
         cancelled: asyncio.Future[Any] = asyncio.ensure_future(self.cancel.wait())
+        over: list[int] = []
+        watch = (asyncio.ensure_future(self._watch_disk(proc, over))
+                 if self.sandbox is not None else None)
         try:
             done, _ = await asyncio.wait({output, cancelled}, timeout=timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
             if output in done:
-                out, err, status = output.result()
-                word, *numbers = status.split() or [""]
-                if word == "exec" or numbers[1:] == ["0"]:
-                    await proc.wait()  # nothing left: the guard is exiting
-                else:
-                    # What the tool left running in its group (its output
-                    # closed) is stopped now; then the guard exits.
-                    await asyncio.shield(terminate_group(proc, self.grace()))
-                if word == "exec":
-                    raise OSError(int(numbers[0]), os.strerror(int(numbers[0])), argv[0])
-                if word == "exit":
-                    code = int(numbers[0])
-                else:  # no status: the guard itself was killed before the tool ended
-                    code = proc.returncode if proc.returncode else -signal.SIGKILL
-                return ToolResult(tuple(argv), code, printable(out), printable(err),
-                                  time.monotonic() - started)
+                return await self._ended(proc, argv, output.result(), over, started)
             await asyncio.shield(self._stop(proc, output))
             if cancelled in done:
                 raise RunCancelled(f"tool {argv[0]} stopped: the run was cancelled")
@@ -250,7 +340,34 @@ class ToolRunner:
             raise
         finally:
             cancelled.cancel()
+            if watch is not None:
+                watch.cancel()
             self.live.discard(proc)
+
+    async def _ended(self, proc: asyncio.subprocess.Process, argv: Sequence[str],
+                     output: tuple[bytes, bytes, str], over: list[int],
+                     started: float) -> ToolResult:
+        """The tool's output is closed: its result, once nothing of it is left."""
+        out, err, status = output
+        word, *numbers = status.split() or [""]
+        if word == "exec" or numbers[1:] == ["0"]:
+            await proc.wait()  # nothing left: the guard is exiting
+        else:
+            # What the tool left running in its group (its output
+            # closed) is stopped now; then the guard exits.
+            await asyncio.shield(terminate_group(proc, self.grace()))
+        if word == "exec":
+            raise OSError(int(numbers[0]), os.strerror(int(numbers[0])), argv[0])
+        if over:
+            raise ToolLimitExceeded(
+                f"tool {argv[0]} stopped: the run's directory went over its "
+                f"{self.sandbox.limits.disk_mib if self.sandbox else 0} MiB")
+        if word == "exit":
+            code = int(numbers[0])
+        else:  # no status: the guard itself was killed before the tool ended
+            code = proc.returncode if proc.returncode else -signal.SIGKILL
+        return ToolResult(tuple(argv), code, printable(out), printable(err),
+                          time.monotonic() - started)
 
     async def _stop(self, proc: asyncio.subprocess.Process, output: asyncio.Future[Any]) -> None:
         await terminate_group(proc, self.grace())

@@ -45,9 +45,9 @@ from runlease.services.listener import Listener
 from runlease.services.reaper import Reaper
 from runlease.services.scheduler import Scheduler
 from runlease.services.webhooks import WebhookDispatcher
-from runlease.settings import WorkerSettings
+from runlease.settings import WorkerSettings, describe
 from runlease.settings.worker import load_agent
-from runlease.worker import toolenv
+from runlease.worker import sandbox, toolenv
 from runlease.worker.acker import Acker
 from runlease.worker.claimer import ClaimLoop
 from runlease.worker.handle import AttemptTerms, RunHandle, StopReason
@@ -116,6 +116,15 @@ class Worker:
         s = self.settings
         if self.seal_environ:  # before the first child process of any kind
             toolenv.seal([s.database_url, s.listen_database_url])
+        s.check_tool_sandbox()
+        try:
+            self.sandbox = await asyncio.to_thread(sandbox.from_settings, s)
+        except sandbox.SandboxUnavailable as exc:
+            raise SettingsError(f"{describe('tool_sandbox')}: {exc}; or run tools "
+                                f"unsandboxed with --no-tool-sandbox") from None
+        if self.sandbox is None:
+            log.warning("tool_sandbox_off pool=%s tenant=%s: tools run as the worker's "
+                        "user, beside it", s.pool, s.tool_tenant or "any")
         conn_pool = make_conn_pool(self.url, min_size=1, max_size=min(s.concurrency, 20) + 2,
                                    prepare=s.prepared_statements,
                                    application_name="runlease-worker")
@@ -139,7 +148,9 @@ class Worker:
         self.runner = Runner(self.store, self.agent, ack=self._ack, spawn=self._spawn,
                              ended=self._ended)
         self.terms = AttemptTerms(s.lease_s, s.margin_s, s.cancel_grace_s, s.tool_kill_grace_s,
-                                  self.tool_grant, self.clock)
+                                  self.tool_grant, self.clock, sandbox=self.sandbox,
+                                  tool_tenant=(None if s.unsandboxed_pool == s.pool
+                                               else s.tool_tenant))
         self.holder = holder = LeaseHolder(
             self.store, self.url, self.identity, pool=s.pool, lease_s=s.lease_s,
             prepare=s.prepared_statements, clock=self.clock,
@@ -333,6 +344,8 @@ class Worker:
         if self.held.get(handle.run_id) is handle:
             del self.held[handle.run_id]
         handle.ended.set()
+        # Its sandbox's directory, off the loop: up to the disk limit's worth.
+        self._spawn(asyncio.to_thread(handle.tools.close))
         # Its task is done with: a failed agent's traceback reaches the handle
         # (through the context's fence), a cycle only the collector would free.
         handle.task = None
