@@ -188,7 +188,8 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
         base = f"http://{opts.host}:{api.port}"
         if lock is not None:
             lock.describe(api=base)
-        banner(echo, base, url, opts, tenants, admin)
+        url_file = write_url_file(url, opts.data_dir)
+        banner(echo, base, url, opts, tenants, admin, url_file)
         if unsandboxed is not None:
             echo(f"WARNING    tools run unsandboxed, as you, beside each other: {unsandboxed}")
         stop = stop_on_signals(echo, fleet, api)
@@ -230,11 +231,28 @@ async def start_api(url: str, opts: DevOptions, registry: TokenRegistry,
     return api, task
 
 
+URL_FILE = "database.url"
+
+
+def write_url_file(url: str, data_dir: Path | str) -> Path:
+    """The database URL, password included, for a worker of your own
+    (`runlease worker --database-url-file`): in the data directory, which
+    tools cannot see, readable by you alone; never on a command line."""
+    path = Path(data_dir).resolve() / URL_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(url + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def banner(echo: Echo, base: str, url: str, opts: DevOptions, tenants: dict[str, str],
-           admin: str) -> None:
+           admin: str, url_file: Path | None = None) -> None:
     echo(f"API        {base}   (OpenAPI: {base}/docs)")
     echo(f"console    {base}/ui/   (sign in with a token below)")
     echo(f"database   {without_password(url)}")
+    if url_file is not None:
+        echo(f"your agent runlease worker --database-url-file {url_file} --agent module:agent")
     echo(f"workers    {opts.workers} x {opts.concurrency} slots, script agent "
          f"(logs in {opts.data_dir}/worker-*.log)")
     for tenant, token in tenants.items():

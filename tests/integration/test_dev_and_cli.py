@@ -237,20 +237,22 @@ def test_the_readme_own_agent_path() -> None:
     readme = (ROOT / "README.md").read_text()
     assert ".venv/bin/runlease dev --workers 0" in readme
     assert "runlease worker --agent mymodule:agent --pool default" in readme
-    assert "--database-url" in readme
+    assert "--database-url-file" in readme
     stack = Dev(workers=0)
     stack.start()
     folder = stack.dir / "mine"
     folder.mkdir()
     (folder / "mymodule.py").write_text(README_AGENT)
-    database = re.search(r"^database +(\S+)$", stack.log.read_text(), re.M)
+    database = re.search(r"^your agent +runlease worker --database-url-file (\S+) ",
+                         stack.log.read_text(), re.M)
     assert database, stack.log.read_text()
+    assert (Path(database.group(1)).stat().st_mode & 0o777) == 0o600
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("RUNLEASE_") and k != "DATABASE_URL"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
     worker = subprocess.Popen(
         [sys.executable, "-P", "-m", "runlease", "worker", "--agent", "mymodule:agent",
-         "--pool", "default", "--database-url", database.group(1), "--metrics-port", "0"],
+         "--pool", "default", "--database-url-file", database.group(1), "--metrics-port", "0"],
         cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         runs = [stack.json("runs", "submit", "--input", json.dumps({"n": i}))["id"]
