@@ -317,7 +317,9 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
         a = WorkerProc(url, f"kill-a{rep}", {**common, "reaper": False}, log_dir)
         fleet.append(a.start())
         run_id = (await store.enqueue("default", "bench", {"seconds": 600})).run.id
-        held_sql = ("SELECT status, lease_epoch, locked_by, locked_until, attempts"
+        # updated_at: the claim's instant while leased (a lease per worker,
+        # migration 0015: nothing writes a leased run until its end).
+        held_sql = ("SELECT status, lease_epoch, locked_by, updated_at, attempts"
                     " FROM agent_runs WHERE id = %s")
 
         async def held_by(worker: WorkerProc) -> dict[str, Any] | None:
@@ -343,11 +345,14 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
         a.check_alive()
         a.kill9()
         killed = time.perf_counter()
-        # A is dead: its lease's end is final now (no more renewals).
-        row = await fetch_one(conn, "SELECT clock_timestamp() AS ts, locked_until"
-                                    " FROM agent_runs WHERE id = %s", (run_id,))
+        # A is dead: its lease's end is final now (no more renewals). A run's
+        # lease is its holder's: A's incarnation's expires_at.
+        row = await fetch_one(conn, "SELECT clock_timestamp() AS ts, w.expires_at"
+                                    "  FROM agent_runs r"
+                                    "  JOIN agent_run_workers w ON w.id = r.locked_by"
+                                    " WHERE r.id = %s", (run_id,))
         assert row is not None
-        killed_db, lease_end = row["ts"].timestamp(), row["locked_until"].timestamp()
+        killed_db, lease_end = row["ts"].timestamp(), row["expires_at"].timestamp()
         resumed = await until("run resumed by B", lambda: held_by(b), timeout_s,
                               interval_s=0.01, alive=b.check_alive)
         recovery_s = time.perf_counter() - killed
@@ -358,8 +363,8 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
         await store.request_cancel(run_id)
         b.stop(grace_s=10)  # resigns leadership for the next repetition
     # The server's own instants: the old lease's end, the reap, B's claim
-    # (B's claim set locked_until = claim time + lease_s; no renewal yet).
-    claimed_at = resumed["locked_until"].timestamp() - KILL_LEASE_S
+    # (B's claim set updated_at; nothing writes the run while it runs).
+    claimed_at = resumed["updated_at"].timestamp()
     reaped_at = reap["created_at"].timestamp() if reap else None
     return {
         "rep": rep,
@@ -456,13 +461,18 @@ async def capped_wakeup(url: str, store: RunStore, conn: AConn, log_dir: Path, *
 
 
 async def first_lease(conn: AConn, run_id: UUID) -> float | None:
-    """Poll the run every ~1 ms: the start of its lease (locked_until -
-    lease_s) once it is seen leased, None if it ended before being seen so."""
+    """Poll the run every ~1 ms: the start of its lease (the claim's
+    updated_at: runs carry no lease time since migration 0015) once it is
+    seen leased, None if it ended before being seen so, or if the cancel
+    request had written updated_at already when it was first seen leased
+    (then the claim's instant is not known: no sample)."""
     while True:
-        row = await fetch_one(conn, "SELECT status, locked_until FROM agent_runs WHERE id = %s",
-                              (run_id,))
+        row = await fetch_one(conn, "SELECT status, updated_at, cancel_requested_at"
+                                    " FROM agent_runs WHERE id = %s", (run_id,))
         if row is not None and row["status"] == "leased":
-            return float(row["locked_until"].timestamp() - EARLY_LEASE_S)
+            if row["cancel_requested_at"] is not None:
+                return None
+            return float(row["updated_at"].timestamp())
         if row is None or row["status"] != "pending":
             return None
         await asyncio.sleep(0.001)
