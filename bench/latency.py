@@ -78,7 +78,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import emit_json, fresh_database, machine, print_table, server
+from benchlib import emit_json, fresh_database, incarnation, machine, print_table, server
 from throughput import WorkerProc, terminate_as_interrupt, worker_fleet
 
 from runlease.db.connect import make_conn_pool
@@ -382,13 +382,13 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
 # --------------------------------------------------------------------------
 
 
-async def hold_capped_slot(store: RunStore, i: int) -> tuple[Lease, UUID]:
+async def hold_capped_slot(store: RunStore, holder: str, i: int) -> tuple[Lease, UUID]:
     """The bench takes acme's one slot itself (enqueue + claim in one
     transaction, so the worker never sees that run pending) and queues a
     second acme run behind it, capped. Returns the held lease and that run."""
     async with store.connection() as c, c.transaction():
         held = await store.enqueue(CAPPED_POOL, CAPPED_TENANT, {"held": i}, conn=c)
-        leases = await store.claim(CAPPED_POOL, OUTSIDE_HOLDER, 1, conn=c)
+        leases = await store.claim(CAPPED_POOL, holder, 1, conn=c)
         assert [x.run_id for x in leases] == [held.run.id], "the bench claimed another run"
         waiting = await store.enqueue(CAPPED_POOL, CAPPED_TENANT, {"i": i}, conn=c)
     return leases[0], waiting.run.id
@@ -400,6 +400,8 @@ async def capped_wakeup(url: str, store: RunStore, conn: AConn, log_dir: Path, *
     await conn.execute("TRUNCATE agent_runs CASCADE")
     await store.upsert_pool(Pool(CAPPED_POOL))
     await store.set_tenant_limit(CAPPED_POOL, CAPPED_TENANT, 1)
+    # The bench's own claims hold a lease: of an incarnation of its own.
+    holder = await incarnation(store, OUTSIDE_HOLDER, CAPPED_POOL)
     name = "capped-notify" if listen else "capped-poll"
     with worker_fleet(url, log_dir) as fleet:
         worker = WorkerProc(url, name, {"agent": "bench.agents:stamp", "pool": CAPPED_POOL,
@@ -421,7 +423,7 @@ async def capped_wakeup(url: str, store: RunStore, conn: AConn, log_dir: Path, *
         not_capped = 0
         deadline = time.monotonic() + budget_s
         for i in range(repeats):
-            held, waiting = await hold_capped_slot(store, i)
+            held, waiting = await hold_capped_slot(store, holder, i)
             # The worker tries (NOTIFY of the enqueue) or polls, finds acme
             # at its cap and waits again.
             await asyncio.sleep(random.uniform(*spacing_s))

@@ -33,6 +33,14 @@ Target 3, queue stats: what the operator reads each pass (queue_stats, then
 startable_runs), p99 of 100 calls, over the target-1 backlog (1,650,000
 runs; --quick: 165,000), after one fold of the counts' deltas.
 
+Targets 8 and 9 (issue 26's 1 and 3): bench/burst.py on this server, a
+burst of 20,000 no-op runs drained by two worker processes (c=50) after
+four histories of the table (analyzed; analyzed empty, then the burst;
+truncated; 1,000,000 done runs analyzed), each stale state's drain over the
+analyzed one's (>= 0.9); the same drain over PgQueuer's (>= 3) and over the
+raw claim-50 + ack floor's (>= 0.5), after ANALYZE and in the burst case
+(no ANALYZE for anyone).
+
 Target 4, streams: bench/scale_streams.py. Targets 5 and 7, the drain
 against PgQueuer and the raw floor, and through PgBouncer:
 bench/throughput.py's drains on this server (--quick: 10,000 no-op runs,
@@ -69,7 +77,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import emit_json, fresh_database, machine, print_table, server
+from benchlib import emit_json, fresh_database, incarnation, machine, print_table, server
 
 from runlease.db.connect import make_conn_pool
 from runlease.db.queries import sql
@@ -142,12 +150,13 @@ def claim_rate(url: str, pool: str, runs: int) -> dict[str, float]:
             for i in range(0, runs, 1000):
                 await store.enqueue_many(pool, [NewRun(tenant, {"i": j})
                                                 for j in range(i, min(runs, i + 1000))])
+            holder = await incarnation(store, "bench", pool)
             async with conn_pool.connection() as conn:
                 done = 0
                 t0 = time.perf_counter()
                 tail_at = runs - runs // 10
                 t_tail = t0
-                while leases := await store.claim(pool, "bench", 1, conn=conn):
+                while leases := await store.claim(pool, holder, 1, conn=conn):
                     if leases[0].run.tenant_id != tenant:
                         raise RuntimeError(f"claimed another tenant's run: {leases[0]}")
                     await store.ack(leases[0], conn=conn)
@@ -536,6 +545,9 @@ TARGETS: list[Target] = [
     Target("4", "streams", external("scale_streams:measure", "scale_streams:targets")),
     # Both 5 and 7: the drains, direct and through PgBouncer (bench/throughput.py).
     Target("5", "drain", external("throughput:measure", "throughput:targets")),
+    # Issue 26's targets 1 and 3: a burst of 20,000 runs onto an idle queue
+    # whose statistics are stale, beside PgQueuer and the raw floor.
+    Target("8", "burst", external("burst:measure", "burst:targets")),
     # Last: it holds 1,000 sleeping runs and 1,000 streams for minutes.
     Target("6", "soak", external("soak:scale_measure", "soak:targets")),
 ]

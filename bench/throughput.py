@@ -277,13 +277,16 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
 # --------------------------------------------------------------------------
 
 
-def raw_floor(url: str, jobs: int, claimers: int, batch: int) -> dict[str, Any]:
+def raw_floor(url: str, jobs: int, claimers: int, batch: int,
+              stats: str = "analyzed") -> dict[str, Any]:
+    """The seed's claim + ack, `claimers` processes, batch `batch`, on a
+    table whose statistics are in state `stats` (bench/claim.py STATS_STATES)."""
     import claim  # bench/claim.py: its spawned claimers import it by name too
 
     load_before = os.getloadavg()[0]
-    rate = claim.measure(url, "raw", claimers, batch, jobs)
-    return {"claimers": claimers, "batch": batch, "jobs_per_s": round(rate, 1),
-            "host_loadavg_1m_before": round(load_before, 2)}
+    rate = claim.measure(url, "raw", claimers, batch, jobs, stats=stats)
+    return {"claimers": claimers, "batch": batch, "stats": stats,
+            "jobs_per_s": round(rate, 1), "host_loadavg_1m_before": round(load_before, 2)}
 
 
 def run_peer(name: str, url: str, jobs: int, timeout_s: float) -> dict[str, Any]:
