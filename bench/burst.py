@@ -60,7 +60,8 @@ BURST_STATE = "idle_analyzed"
 
 
 def collect(base: str | None, *, jobs: int, timeout_s: float,
-            peers: bool = True, floor: bool = True) -> dict[str, Any]:
+            peers: bool = True, floor: bool = True,
+            states: tuple[str, ...] = STATS_STATES) -> dict[str, Any]:
     """Our drain of the burst in each statistics state, one database each;
     with `floor`, the raw floor on the same database after it; with `peers`,
     PgQueuer after ANALYZE and without."""
@@ -69,7 +70,7 @@ def collect(base: str | None, *, jobs: int, timeout_s: float,
                                "states": {}, "raw_floor": {}}
     log_dir = Path(tempfile.mkdtemp(prefix="runlease-bench-burst-"))
     with terminate_as_interrupt(), server(base) as base_url:
-        for state in STATS_STATES:
+        for state in states:
             # A database per state: no state inherits another's statistics.
             url = fresh_database(base_url, f"runlease_bench_burst_{state}")
             try:
@@ -175,10 +176,15 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-floor", action="store_true", help="skip the raw floor")
+    ap.add_argument("--states", default=",".join(STATS_STATES),
+                    help="statistics states to drain in (analyzed, the reference, first)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    states = tuple(args.states.split(","))
+    if states[0] != "analyzed" or not set(states) <= set(STATS_STATES):
+        ap.error(f"--states: 'analyzed' first, then any of {', '.join(STATS_STATES[1:])}")
     figures = collect(args.database_url, jobs=args.jobs, timeout_s=args.timeout,
-                      peers=not args.no_peers, floor=not args.no_floor)
+                      peers=not args.no_peers, floor=not args.no_floor, states=states)
     if args.json:
         emit_json(figures)
         return
