@@ -559,7 +559,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller backlogs (minutes)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", choices=sorted({t.key for t in TARGETS}),
-                    help="one target's measurement (5 measures 7 too: the same drains)")
+                    help="one target's measurement (5 measures 7 too: the same drains;"
+                         " 8 measures 9 too: the same bursts)")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
     args = ap.parse_args()
