@@ -47,7 +47,8 @@ bench/throughput.py's drains on this server (--quick: 10,000 no-op runs,
 P = 1, 2 worker processes, P = 2 also through PgBouncer; else 20,000 runs,
 P = 1, 2, 4, best of two). Target 6, memory: bench/soak.py on this server
 (--quick: 90 seconds after the warm-up; else 10 minutes). The whole --quick
-run takes about four minutes on 2 cores.
+run takes seven to ten minutes on 2 shared cores (the bursts of targets 8
+and 9 about four of them).
 
 The targets are a registry (TARGETS): each entry names the key of its
 section in the JSON and a function (server URL, quick) -> {"details": ...,
