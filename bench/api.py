@@ -48,7 +48,7 @@ import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import emit_json, fresh_database, machine, print_table, server
+from benchlib import emit_json, fresh_database, incarnation, machine, print_table, server
 
 from runlease.db.connect import make_conn_pool
 from runlease.db.embedded import free_port
@@ -314,7 +314,8 @@ async def fan_out(base: str, url: str, subscribers: int, events: int,
         # A pool of its own: the submit load left many runs in "default".
         await store.upsert_pool(Pool("fanout"))
         queued = await store.enqueue("fanout", "bench", {"busy": True})
-        (lease,) = await store.claim("fanout", "bench-writer", 1, lease_s=600)
+        writer = await incarnation(store, "bench-writer", "fanout", lease_s=600)
+        (lease,) = await store.claim("fanout", writer, 1)
         assert lease.run_id == queued.run.id
         latencies: list[float] = []
         connected = 0

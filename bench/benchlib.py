@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ import psycopg
 
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.migrate import migrate
+from runlease.db.workers import Registration, WorkerStore
 
 
 def server_cpu_s(url: str) -> float | None:
@@ -80,6 +82,16 @@ def fresh_database(url: str, name: str) -> str:
     db_url = psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
     migrate(db_url)
     return db_url
+
+
+async def incarnation(store: WorkerStore, name: str, pool: str, lease_s: int = 3600) -> str:
+    """Register a worker incarnation for a bench's own claims and return its
+    id (`name` and a random suffix: ids are never reused). A lease belongs
+    to its holder's incarnation (migration 0015): claims need a live one, and
+    this one lives lease_s without a heartbeat, longer than any bench."""
+    worker = f"{name}:{uuid.uuid4().hex[:12]}"
+    await store.register_worker(Registration(worker, pool, 0), lease_s=lease_s)
+    return worker
 
 
 def timed_processes(

@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import emit_json, fresh_database, print_table, server, timed_processes
+from benchlib import emit_json, fresh_database, incarnation, print_table, server, timed_processes
 
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Pool
@@ -99,7 +99,9 @@ UPDATE seed_agent_runs
 
 # The seed's statements on agent_runs: what the schema alone costs. The
 # claim reads the pool's fair order (agent_runs_claim_idx) and bumps the
-# fencing epoch; the ack ends the lease as the CHECKs require. The counts'
+# fencing epoch (the lease itself is the holder's row of agent_run_workers
+# since migration 0015: no lease time on the run, as runlease_claim); the ack
+# ends the lease as the CHECKs require. The counts'
 # trigger passes both over (a claim's delta is runlease_claim's own; an
 # ack's leased -> done is not counted), so this database's counts drift:
 # it is thrown away.
@@ -113,7 +115,6 @@ WITH cte AS (
 )
 UPDATE agent_runs AS r
    SET status = 'leased', locked_by = %(worker)s,
-       locked_until = now() + (%(lease_s)s * interval '1 second'),
        attempts = r.attempts + 1, lease_epoch = r.lease_epoch + 1, updated_at = now()
   FROM cte
  WHERE r.id = cte.id
@@ -122,7 +123,7 @@ RETURNING r.id, r.tenant_id, r.attempts, r.max_attempts, r.lease_epoch, r.budget
 """
 SCHEMA_ACK = """
 UPDATE agent_runs
-   SET status = 'done', locked_by = NULL, locked_until = NULL,
+   SET status = 'done', locked_by = NULL,
        finished_at = now(), updated_at = now()
  WHERE id = ANY(%(ids)s) AND status = 'leased' AND locked_by = %(worker)s
 """
@@ -172,9 +173,10 @@ def store_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -
         done = 0
         async with make_conn_pool(url, min_size=1, max_size=1) as conn_pool:
             store = RunStore(conn_pool)
+            holder = await incarnation(store, worker, "bench")
             async with conn_pool.connection() as conn:
                 await asyncio.to_thread(ready.wait)
-                while leases := await store.claim("bench", worker, batch, conn=conn):
+                while leases := await store.claim("bench", holder, batch, conn=conn):
                     if batch == 1:
                         await store.ack(leases[0], conn=conn)
                     else:
@@ -187,16 +189,27 @@ def store_claimer(url: str, worker: str, batch: int, ready: Any, results: Any) -
     results.put(asyncio.run(loop()))
 
 
-def load_seed(url: str, jobs: int) -> None:
+def load_seed(url: str, jobs: int, stats: str = "analyzed") -> None:
+    """The seed's table with `jobs` pending runs; `stats` as load_store's."""
+    if stats not in STATS_STATES:
+        raise ValueError(f"stats must be one of {STATS_STATES}")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS seed_agent_runs")
         conn.execute(SEED_SCHEMA)
+        if stats == "million_done":
+            conn.execute(
+                "INSERT INTO seed_agent_runs (tenant_id, status, input_json, finished_at)"
+                " SELECT 't' || (g %% %s), 'done', '{}', now() - interval '1 hour'"
+                "   FROM generate_series(1, %s) g", (TENANTS, MILLION))
+        if stats in ("idle_analyzed", "million_done"):
+            conn.execute("VACUUM ANALYZE seed_agent_runs")
         conn.execute(
             "INSERT INTO seed_agent_runs (tenant_id, status, input_json)"
             " SELECT 't' || (g %% %s), 'pending', '{}' FROM generate_series(1, %s) g",
             (TENANTS, jobs),
         )
-        conn.execute("VACUUM ANALYZE seed_agent_runs")
+        if stats == "analyzed":
+            conn.execute("VACUUM ANALYZE seed_agent_runs")
 
 
 # What the planner knows when a load arrives (bench/burst.py): "analyzed"
@@ -245,15 +258,18 @@ def load_store(url: str, jobs: int, limits: bool = False, pool: str = "bench",
     return asyncio.run(go())
 
 
-def measure(url: str, kind: str, k: int, batch: int, jobs: int) -> float:
+def measure(url: str, kind: str, k: int, batch: int, jobs: int,
+            stats: str = "analyzed") -> float:
+    """Jobs/s of k claimers of `kind` draining `jobs` runs loaded under `stats`
+    (STATS_STATES: the planner's statistics when the load lands)."""
     if kind in ("raw", "raw_async"):
-        load_seed(url, jobs)
+        load_seed(url, jobs, stats)
         target = raw_claimer if kind == "raw" else raw_async_claimer
     elif kind == "schema":
-        load_store(url, jobs)
+        load_store(url, jobs, stats=stats)
         target = schema_claimer
     else:
-        load_store(url, jobs, limits=(kind == "limits"))
+        load_store(url, jobs, limits=(kind == "limits"), stats=stats)
         target = store_claimer
     elapsed, counts = timed_processes(target, lambda i: (url, f"bench-{i}", batch), k)
     if sum(counts) != jobs:

@@ -78,7 +78,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import emit_json, fresh_database, machine, print_table, server
+from benchlib import emit_json, fresh_database, incarnation, machine, print_table, server
 from throughput import WorkerProc, terminate_as_interrupt, worker_fleet
 
 from runlease.db.connect import make_conn_pool
@@ -317,7 +317,9 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
         a = WorkerProc(url, f"kill-a{rep}", {**common, "reaper": False}, log_dir)
         fleet.append(a.start())
         run_id = (await store.enqueue("default", "bench", {"seconds": 600})).run.id
-        held_sql = ("SELECT status, lease_epoch, locked_by, locked_until, attempts"
+        # updated_at: the claim's instant while leased (a lease per worker,
+        # migration 0015: nothing writes a leased run until its end).
+        held_sql = ("SELECT status, lease_epoch, locked_by, updated_at, attempts"
                     " FROM agent_runs WHERE id = %s")
 
         async def held_by(worker: WorkerProc) -> dict[str, Any] | None:
@@ -343,11 +345,14 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
         a.check_alive()
         a.kill9()
         killed = time.perf_counter()
-        # A is dead: its lease's end is final now (no more renewals).
-        row = await fetch_one(conn, "SELECT clock_timestamp() AS ts, locked_until"
-                                    " FROM agent_runs WHERE id = %s", (run_id,))
+        # A is dead: its lease's end is final now (no more renewals). A run's
+        # lease is its holder's: A's incarnation's expires_at.
+        row = await fetch_one(conn, "SELECT clock_timestamp() AS ts, w.expires_at"
+                                    "  FROM agent_runs r"
+                                    "  JOIN agent_run_workers w ON w.id = r.locked_by"
+                                    " WHERE r.id = %s", (run_id,))
         assert row is not None
-        killed_db, lease_end = row["ts"].timestamp(), row["locked_until"].timestamp()
+        killed_db, lease_end = row["ts"].timestamp(), row["expires_at"].timestamp()
         resumed = await until("run resumed by B", lambda: held_by(b), timeout_s,
                               interval_s=0.01, alive=b.check_alive)
         recovery_s = time.perf_counter() - killed
@@ -358,8 +363,8 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
         await store.request_cancel(run_id)
         b.stop(grace_s=10)  # resigns leadership for the next repetition
     # The server's own instants: the old lease's end, the reap, B's claim
-    # (B's claim set locked_until = claim time + lease_s; no renewal yet).
-    claimed_at = resumed["locked_until"].timestamp() - KILL_LEASE_S
+    # (B's claim set updated_at; nothing writes the run while it runs).
+    claimed_at = resumed["updated_at"].timestamp()
     reaped_at = reap["created_at"].timestamp() if reap else None
     return {
         "rep": rep,
@@ -377,13 +382,13 @@ async def kill_recovery(url: str, store: RunStore, conn: AConn, log_dir: Path, r
 # --------------------------------------------------------------------------
 
 
-async def hold_capped_slot(store: RunStore, i: int) -> tuple[Lease, UUID]:
+async def hold_capped_slot(store: RunStore, holder: str, i: int) -> tuple[Lease, UUID]:
     """The bench takes acme's one slot itself (enqueue + claim in one
     transaction, so the worker never sees that run pending) and queues a
     second acme run behind it, capped. Returns the held lease and that run."""
     async with store.connection() as c, c.transaction():
         held = await store.enqueue(CAPPED_POOL, CAPPED_TENANT, {"held": i}, conn=c)
-        leases = await store.claim(CAPPED_POOL, OUTSIDE_HOLDER, 1, conn=c)
+        leases = await store.claim(CAPPED_POOL, holder, 1, conn=c)
         assert [x.run_id for x in leases] == [held.run.id], "the bench claimed another run"
         waiting = await store.enqueue(CAPPED_POOL, CAPPED_TENANT, {"i": i}, conn=c)
     return leases[0], waiting.run.id
@@ -395,6 +400,8 @@ async def capped_wakeup(url: str, store: RunStore, conn: AConn, log_dir: Path, *
     await conn.execute("TRUNCATE agent_runs CASCADE")
     await store.upsert_pool(Pool(CAPPED_POOL))
     await store.set_tenant_limit(CAPPED_POOL, CAPPED_TENANT, 1)
+    # The bench's own claims hold a lease: of an incarnation of its own.
+    holder = await incarnation(store, OUTSIDE_HOLDER, CAPPED_POOL)
     name = "capped-notify" if listen else "capped-poll"
     with worker_fleet(url, log_dir) as fleet:
         worker = WorkerProc(url, name, {"agent": "bench.agents:stamp", "pool": CAPPED_POOL,
@@ -416,7 +423,7 @@ async def capped_wakeup(url: str, store: RunStore, conn: AConn, log_dir: Path, *
         not_capped = 0
         deadline = time.monotonic() + budget_s
         for i in range(repeats):
-            held, waiting = await hold_capped_slot(store, i)
+            held, waiting = await hold_capped_slot(store, holder, i)
             # The worker tries (NOTIFY of the enqueue) or polls, finds acme
             # at its cap and waits again.
             await asyncio.sleep(random.uniform(*spacing_s))
@@ -456,13 +463,18 @@ async def capped_wakeup(url: str, store: RunStore, conn: AConn, log_dir: Path, *
 
 
 async def first_lease(conn: AConn, run_id: UUID) -> float | None:
-    """Poll the run every ~1 ms: the start of its lease (locked_until -
-    lease_s) once it is seen leased, None if it ended before being seen so."""
+    """Poll the run every ~1 ms: the start of its lease (the claim's
+    updated_at: runs carry no lease time since migration 0015) once it is
+    seen leased, None if it ended before being seen so, or if the cancel
+    request had written updated_at already when it was first seen leased
+    (then the claim's instant is not known: no sample)."""
     while True:
-        row = await fetch_one(conn, "SELECT status, locked_until FROM agent_runs WHERE id = %s",
-                              (run_id,))
+        row = await fetch_one(conn, "SELECT status, updated_at, cancel_requested_at"
+                                    " FROM agent_runs WHERE id = %s", (run_id,))
         if row is not None and row["status"] == "leased":
-            return float(row["locked_until"].timestamp() - EARLY_LEASE_S)
+            if row["cancel_requested_at"] is not None:
+                return None
+            return float(row["updated_at"].timestamp())
         if row is None or row["status"] != "pending":
             return None
         await asyncio.sleep(0.001)

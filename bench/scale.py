@@ -12,24 +12,34 @@ backlog in a paused pool. Full size: 1,000,000 capped pending runs of 50
 tenants + 100,000 delayed (the issue's repro); --quick: 100,000 + 10,000.
 The figure is rate(backlog) / rate(empty).
 
-Target 2, heartbeat and reaper flat in leases: one run_heartbeat statement
-renewing 10, 100, 1,000, 10,000 leases (15 of each, committed; the median
-and the best reported, the best deciding the target as for target 1),
-among 100,000 live leases (--quick: 20,000) of 10 registered workers, as a
-prepared statement both with the server's plan choice and forced generic
-(what the lease keeper's prepared statement settles on); then one reaper
+Target 2, heartbeat and reaper flat in leases (issue 26's target 2): a
+lease belongs to its worker's incarnation (migration 0015), so a heartbeat
+(worker_heartbeat) renews one row of agent_run_workers whatever the runs
+held. Timed: the heartbeat of a worker holding 10, 100, 1,000, 10,000
+leases (15 beats of each, committed; the median and the best reported, the
+best deciding the target as for target 1), among 100,000 live leases
+(--quick: 20,000) of 10 registered workers, as a prepared statement both
+with the server's plan choice and forced generic (what the lease keeper's
+prepared statement settles on). Target: 1,000 / 10 < 2. Then one reaper
 batch (run_reap) and one retention batch (run_retention_by_pool) with those
-live leases, against the same with no live lease: rows read, from EXPLAIN
-ANALYZE. The live leases' ids are older than the retention cutoff (the
-worst case for a scan bounded by id). Beside the curve, PostgreSQL's own
-floor on the same server: the plainest renewal (UPDATE ... SET locked_until
-WHERE id = ANY(ids) AND locked_by = me) of a four-column table holding as
-many live leases, same counts, same plans: what any design that keeps one
-lease row per run pays per row, whatever its columns.
+live leases, against the same with no live lease: rows of agent_runs read,
+from EXPLAIN ANALYZE. The live leases' ids are older than the retention
+cutoff (the worst case for a scan bounded by id). Beside the curve, what
+the old design paid: the plainest renewal of one row per lease (UPDATE ...
+SET locked_until WHERE id = ANY(ids) AND locked_by = me) of a four-column
+table holding as many live leases, same counts, same plans.
 
 Target 3, queue stats: what the operator reads each pass (queue_stats, then
 startable_runs), p99 of 100 calls, over the target-1 backlog (1,650,000
 runs; --quick: 165,000), after one fold of the counts' deltas.
+
+Targets 8 and 9 (issue 26's 1 and 3): bench/burst.py on this server, a
+burst of 20,000 no-op runs drained by two worker processes (c=50) after
+four histories of the table (analyzed; analyzed empty, then the burst;
+truncated; 1,000,000 done runs analyzed), each stale state's drain over the
+analyzed one's (>= 0.9); the same drain over PgQueuer's (>= 3) and over the
+raw claim-50 + ack floor's (>= 0.5), after ANALYZE and in the burst case
+(no ANALYZE for anyone).
 
 Target 4, streams: bench/scale_streams.py. Targets 5 and 7, the drain
 against PgQueuer and the raw floor, and through PgBouncer:
@@ -37,7 +47,8 @@ bench/throughput.py's drains on this server (--quick: 10,000 no-op runs,
 P = 1, 2 worker processes, P = 2 also through PgBouncer; else 20,000 runs,
 P = 1, 2, 4, best of two). Target 6, memory: bench/soak.py on this server
 (--quick: 90 seconds after the warm-up; else 10 minutes). The whole --quick
-run takes about four minutes on 2 cores.
+run takes seven to ten minutes on 2 shared cores (the bursts of targets 8
+and 9 about four of them).
 
 The targets are a registry (TARGETS): each entry names the key of its
 section in the JSON and a function (server URL, quick) -> {"details": ...,
@@ -67,7 +78,7 @@ from typing import Any
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import emit_json, fresh_database, machine, print_table, server
+from benchlib import emit_json, fresh_database, incarnation, machine, print_table, server
 
 from runlease.db.connect import make_conn_pool
 from runlease.db.queries import sql
@@ -115,11 +126,17 @@ def load_backlog(url: str, pool: str, capped: int, delayed: int) -> None:
             conn.execute("UPDATE agent_runs SET delayed = true"
                          " WHERE pool = %s AND status = 'pending' AND available_at > now()",
                          (pool,))
+        # The caps' leases, held by a live worker (its row is their lease).
+        conn.execute(
+            "INSERT INTO agent_run_workers (id, pool, version, concurrency, started_at,"
+            "                               heartbeat_at, expires_at)"
+            " VALUES ('elsewhere', %s, 'bench', 1000, now(), now(), now() + interval '1 hour')"
+            " ON CONFLICT (id) DO NOTHING", (pool,))
         conn.execute(
             "INSERT INTO agent_runs (id, pool, tenant_id, status, fair_seq, input_json,"
-            "                        attempts, lease_epoch, locked_by, locked_until)"
+            "                        attempts, lease_epoch, locked_by)"
             " SELECT gen_random_uuid(), %s, 'capped-' || (i %% %s + 1), 'leased', 0, '{}',"
-            "        1, 1, 'elsewhere', now() + interval '1 hour'"
+            "        1, 1, 'elsewhere'"
             "   FROM generate_series(0, %s - 1) i", (pool, CAPPED_TENANTS, CAPPED_TENANTS * CAP))
         conn.execute("VACUUM ANALYZE agent_runs")
 
@@ -134,12 +151,13 @@ def claim_rate(url: str, pool: str, runs: int) -> dict[str, float]:
             for i in range(0, runs, 1000):
                 await store.enqueue_many(pool, [NewRun(tenant, {"i": j})
                                                 for j in range(i, min(runs, i + 1000))])
+            holder = await incarnation(store, "bench", pool)
             async with conn_pool.connection() as conn:
                 done = 0
                 t0 = time.perf_counter()
                 tail_at = runs - runs // 10
                 t_tail = t0
-                while leases := await store.claim(pool, "bench", 1, conn=conn):
+                while leases := await store.claim(pool, holder, 1, conn=conn):
                     if leases[0].run.tenant_id != tenant:
                         raise RuntimeError(f"claimed another tenant's run: {leases[0]}")
                     await store.ack(leases[0], conn=conn)
@@ -264,21 +282,27 @@ WORKERS = 10
 
 HEARTBEATS = 15
 
+# Leases held by each of the measured workers; the other WORKERS - 4 hold the
+# rest of the live leases.
+HELD = (10, 100, 1_000, 10_000)
 
-def heartbeat_curve(db: str, held: list[Any], plan_mode: str) -> dict[int, list[float]]:
-    """Milliseconds of each of HEARTBEATS heartbeats of n leases, prepared,
-    committed, under plan_mode."""
+
+def holder(n: int) -> str:
+    return f"hb-holds-{n}"
+
+
+def heartbeat_curve(db: str, plan_mode: str) -> dict[int, list[float]]:
+    """Milliseconds of each of HEARTBEATS heartbeats (worker_heartbeat) of the
+    worker holding n leases, prepared, committed, under plan_mode."""
     curve = {}
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute(f"SET plan_cache_mode = {plan_mode}")  # type: ignore[arg-type]
-        for n in (10, 100, 1_000, 10_000):
-            if n > len(held):
-                break
-            curve[n] = timings(conn, "run_heartbeat", {
-                "worker": "hb-0", "ids": held[:n], "epochs": [1] * n, "lease_s": 3600,
-                "now": None, "pool": "work", "version": "bench", "concurrency": n,
-                "stale_writes": 0},
-                reps=HEARTBEATS, commit=True)
+        for n in HELD:
+            curve[n] = timings(conn, "worker_heartbeat", {
+                "worker": holder(n), "lease_s": 3600, "now": None, "runs_held": n,
+                "stale_writes": 0}, reps=HEARTBEATS, commit=True)
+            if not curve[n]:
+                raise RuntimeError(f"no heartbeat of {holder(n)}")
     return curve
 
 
@@ -303,7 +327,7 @@ def floor_curve(db: str, live: int, plan_mode: str) -> dict[int, list[float]]:
         held = [r[0] for r in conn.execute(
             "SELECT id FROM bench_lease_floor WHERE locked_by = 'hb-0' ORDER BY id")]
         conn.execute(f"SET plan_cache_mode = {plan_mode}")  # type: ignore[arg-type]
-        for n in (10, 100, 1_000, 10_000):
+        for n in HELD:
             if n > len(held):
                 break
             times = []
@@ -334,11 +358,15 @@ def heartbeat_figures(auto: dict[int, list[float]],
 
 def target2(url: str, quick: bool) -> dict[str, Any]:
     live = 20_000 if quick else 100_000
+    if live <= sum(HELD):
+        raise ValueError(f"{live} live leases: fewer than the measured holders need")
     db = fresh_database(url, "scale_leases")
-    out: dict[str, Any] = {"live_leases": live, "workers": WORKERS}
+    out: dict[str, Any] = {"live_leases": live, "workers": WORKERS,
+                           "held_by_measured_workers": list(HELD)}
     reap = {"batch": 1000, "now": None, "channel_prefix": "bench_", "ids": [],
             "events_channel": "bench_events"}
     retention = {"batch": 1000, "now": None}
+    others = [f"hb-{w}" for w in range(WORKERS - len(HELD))]
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("INSERT INTO agent_run_pools (name, retention_s) VALUES ('work', 3600)")
         # Nothing live yet: the reaper's and retention's fixed cost.
@@ -347,34 +375,45 @@ def target2(url: str, quick: bool) -> dict[str, Any]:
         out["run_reap_plan_none"] = explain_rows(conn, "run_reap", reap)
         out["run_retention_by_pool_plan_none"] = explain_rows(conn, "run_retention_by_pool",
                                                               retention)
-        # The workers are alive: registered, their rows fresh.
+        # The workers are alive: registered, their rows fresh (each row is
+        # the lease of every run it holds).
         conn.execute(
             "INSERT INTO agent_run_workers (id, pool, version, concurrency, started_at,"
             "                               heartbeat_at, expires_at)"
-            " SELECT 'hb-' || w, 'work', 'bench', 10000, now(), now(), now() + interval '1 hour'"
-            "   FROM generate_series(0, %s - 1) w", (WORKERS,))
+            " SELECT w, 'work', 'bench', 10000, now(), now(), now() + interval '1 hour'"
+            "   FROM unnest(%s::text[]) w", ([holder(n) for n in HELD] + others,))
+        # Runs 1..sum(HELD) go to the measured holders (n each), the rest
+        # round-robin to the others.
+        bounds = []
+        first = 1
+        for n in HELD:
+            bounds.append(f"WHEN i < {first + n} THEN '{holder(n)}'")
+            first += n
         conn.execute(
             f"INSERT INTO agent_runs (id, pool, tenant_id, status, input_json, attempts,"
-            f"                        lease_epoch, locked_by, locked_until, created_at)"
+            f"                        lease_epoch, locked_by, created_at)"
             f" SELECT {uuid7_sql('2 hours', 'i')}, 'work', 't' || (i %% 100), 'leased', '{{}}',"
-            f"        1, 1, CASE WHEN i <= 10000 THEN 'hb-0' ELSE 'hb-' || (i %% 9 + 1) END,"
-            f"        now() + interval '1 hour',"
+            f"        1, 1, CASE {' '.join(bounds)}"
+            f"                   ELSE 'hb-' || (i %% {len(others)}) END,"
             f"        now() - interval '2 hours'"
             f"   FROM generate_series(1, %s) i", (live,))
+        conn.execute("UPDATE agent_run_workers w SET runs_held = (SELECT count(*) FROM"
+                     " agent_runs r WHERE r.locked_by = w.id)")
         conn.execute("VACUUM ANALYZE agent_runs")
-        # Leases of one worker: 'hb-0' holds 10,000 of them.
-        held = [r[0] for r in conn.execute(
-            "SELECT id FROM agent_runs WHERE locked_by = 'hb-0' ORDER BY id").fetchall()]
+        conn.execute("VACUUM ANALYZE agent_run_workers")
         out["reap_ms"] = timed(conn, "run_reap", reap)
         out["retention_ms"] = timed(conn, "run_retention_by_pool", retention)
         out["run_reap_plan"] = explain_rows(conn, "run_reap", reap)
         out["run_retention_by_pool_plan"] = explain_rows(conn, "run_retention_by_pool",
                                                          retention)
-        out["run_lease_sweep_plan"] = explain_rows(conn, "run_lease_sweep", {
-            "after_by": "", "after_id": "00000000-0000-0000-0000-000000000000",
-            "rows": 1000, "now": None})
-    out |= heartbeat_figures(heartbeat_curve(db, held, "auto"),
-                             heartbeat_curve(db, held, "force_generic_plan"))
+        out["worker_heartbeat_plan"] = explain_rows(conn, "worker_heartbeat", {
+            "worker": holder(HELD[-1]), "lease_s": 3600, "now": None,
+            "runs_held": HELD[-1], "stale_writes": 0})
+        left = conn.execute("SELECT count(*) FROM agent_runs WHERE status = 'leased'").fetchone()
+        if not left or left[0] != live:
+            raise RuntimeError(f"live leases lost during the measurement: {left}")
+    out |= heartbeat_figures(heartbeat_curve(db, "auto"),
+                             heartbeat_curve(db, "force_generic_plan"))
     floor = heartbeat_figures(floor_curve(db, live, "auto"),
                               floor_curve(db, live, "force_generic_plan"))
     out |= {f"floor_{key}": value for key, value in floor.items()}
@@ -432,13 +471,16 @@ def lease_targets(t2: dict[str, Any]) -> list[dict[str, Any]]:
     reads_none = (total(t2["run_reap_plan_none"])
                   + total(t2["run_retention_by_pool_plan_none"]))
     ratio = t2["heartbeat_best_1000_over_10"]
+    hb_reads = total(t2["worker_heartbeat_plan"])
     # What the reaper cannot avoid: one descent per worker holding leases.
     return [
-        item(f"2. heartbeat of 1,000 / of 10 leases (best of {HEARTBEATS}; worse of"
-             f" server-chosen and generic plans; of the medians:"
-             f" {t2['heartbeat_1000_over_10']:.1f}; PostgreSQL's floor, a four-column lease"
-             f" table: {t2['floor_heartbeat_best_1000_over_10']:.1f})",
-             round(ratio, 2), "< 10", ratio < 10),
+        item(f"2. heartbeat of the worker holding 1,000 leases / of the one holding 10"
+             f" ({t2['workers']} workers, {t2['live_leases']:,} live leases; best of"
+             f" {HEARTBEATS}; worse of server-chosen and generic plans; of the medians:"
+             f" {t2['heartbeat_1000_over_10']:.2f}; rows of agent_runs a heartbeat of"
+             f" 10,000 leases reads: {hb_reads}; one row per lease, a four-column table:"
+             f" {t2['floor_heartbeat_best_1000_over_10']:.1f})",
+             round(ratio, 2), "< 2 (one row per worker)", ratio < 2),
         item(f"2. rows read by reaper + retention with {t2['live_leases']:,} live leases of"
              f" {t2['workers']} live workers, none expired", reads,
              f"<= {reads_none} + {2 * t2['workers']} (as with none; one descent per worker)",
@@ -504,6 +546,9 @@ TARGETS: list[Target] = [
     Target("4", "streams", external("scale_streams:measure", "scale_streams:targets")),
     # Both 5 and 7: the drains, direct and through PgBouncer (bench/throughput.py).
     Target("5", "drain", external("throughput:measure", "throughput:targets")),
+    # Issue 26's targets 1 and 3: a burst of 20,000 runs onto an idle queue
+    # whose statistics are stale, beside PgQueuer and the raw floor.
+    Target("8", "burst", external("burst:measure", "burst:targets")),
     # Last: it holds 1,000 sleeping runs and 1,000 streams for minutes.
     Target("6", "soak", external("soak:scale_measure", "soak:targets")),
 ]
@@ -515,7 +560,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller backlogs (minutes)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--only", choices=sorted({t.key for t in TARGETS}),
-                    help="one target's measurement (5 measures 7 too: the same drains)")
+                    help="one target's measurement (5 measures 7 too: the same drains;"
+                         " 8 measures 9 too: the same bursts)")
     ap.add_argument("--durable", action="store_true", help="fsync on (as in production)")
     ap.add_argument("--runs", type=int, help="runs the fresh tenant claims (target 1)")
     args = ap.parse_args()
@@ -544,12 +590,13 @@ def main() -> None:
              t1["backlog_tail_rate"]]])
         print()
     if t2:
-        print(f"heartbeat (ms, one statement) among {t2['live_leases']:,} live leases:")
-        print_table(["leases", "median ms", "generic plan", "best ms", "generic plan"],
+        print(f"heartbeat (ms, one worker_heartbeat) among {t2['live_leases']:,} live leases:")
+        print_table(["leases held", "median ms", "generic plan", "best ms", "generic plan"],
                     [[n, ms, t2["heartbeat_ms_generic"].get(n), t2["heartbeat_best_ms"].get(n),
                       t2["heartbeat_best_ms_generic"].get(n)]
                      for n, ms in t2["heartbeat_ms"].items()])
-        print("\nthe floor: the plainest renewal of a four-column lease table, same counts:")
+        print("\none row per lease (the old design's floor): the plainest renewal of a"
+              " four-column lease table, same counts:")
         print_table(["leases", "median ms", "generic plan", "best ms", "generic plan"],
                     [[n, ms, t2["floor_heartbeat_ms_generic"].get(n),
                       t2["floor_heartbeat_best_ms"].get(n),

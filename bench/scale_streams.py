@@ -48,7 +48,7 @@ import httpx
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).parent))
-from benchlib import emit_json, fresh_database, machine, print_table, server
+from benchlib import emit_json, fresh_database, incarnation, machine, print_table, server
 
 from runlease.db.connect import make_conn_pool
 from runlease.db.embedded import free_port
@@ -214,9 +214,9 @@ async def leased_runs(store: RunStore, n: int) -> list[Lease]:
         await store.enqueue_many(POOL, [NewRun("bench", {"i": i})
                                         for i in range(start, min(n, start + 500))])
     leases: list[Lease] = []
+    writer = await incarnation(store, "bench-writer", POOL)
     while len(leases) < n:
-        leases += await store.claim(POOL, "bench-writer", min(1000, n - len(leases)),
-                                    lease_s=3600)
+        leases += await store.claim(POOL, writer, min(1000, n - len(leases)))
     return leases
 
 

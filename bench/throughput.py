@@ -64,12 +64,26 @@ sys.path.insert(1, str(ROOT))  # tests.support.pgbouncer
 BOUNCER_POOL_SIZE = 20
 
 POLL_S = 0.05
-# Whether a run is unfinished, by the pending and leased partial indexes.
-UNFINISHED_SQL = ("SELECT EXISTS (SELECT 1 FROM agent_runs WHERE status = 'pending') "
-                  "OR EXISTS (SELECT 1 FROM agent_runs WHERE status = 'leased')")
-# A run has finished (the finished_at index): the drain began, startup is over.
-# (Runs finished after the workers started: the million_done state holds older ones.)
-FIRST_DONE_SQL = "SELECT EXISTS (SELECT 1 FROM agent_runs WHERE finished_at >= %s)"
+# The pool every drain here fills (the default one: no tenant cap).
+DRAIN_POOL = "default"
+# Whether a run is unfinished, each EXISTS stating a partial index's own
+# predicate (pending and due: agent_runs_claim_idx; pending and delayed;
+# leased), so the plan is an index probe whatever the statistics say. A
+# bare `status = 'pending'` matches no index since migration 0015: with the
+# statistics of a million done runs it was a parallel scan of the whole
+# table, 31 ms every 50 ms, a third of a core taken from the drain measured.
+UNFINISHED_SQL = ("SELECT EXISTS (SELECT 1 FROM agent_runs WHERE status = 'pending'"
+                  "               AND NOT delayed AND fair_seq >= 0)"
+                  " OR EXISTS (SELECT 1 FROM agent_runs WHERE status = 'pending' AND delayed)"
+                  " OR EXISTS (SELECT 1 FROM agent_runs WHERE status = 'leased')")
+# A run of the drain's pool has finished (agent_runs_finished_idx: pool,
+# finished_at): the drain began, startup is over. (Runs finished after the
+# workers started: the million_done state holds older ones.)
+FIRST_DONE_SQL = ("SELECT EXISTS (SELECT 1 FROM agent_runs"
+                  f" WHERE pool = '{DRAIN_POOL}' AND finished_at >= %s)")
+# First to last ack of the drain, by the server's clock (the same index).
+DRAIN_S_SQL = ("SELECT extract(epoch FROM max(finished_at) - min(finished_at)) FROM agent_runs"
+               f" WHERE pool = '{DRAIN_POOL}' AND finished_at >= %s")
 LEFT_SQL = "SELECT count(*) FROM agent_runs WHERE status <> 'done'"
 NOT_INSTALLED = "not installed (pip install -e '.[bench]')"
 TARGET_VS_PGQUEUER = 3.0
@@ -205,7 +219,7 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
     LISTEN on url); enqueueing and polling stay direct. stats: what the
     planner knows when the burst lands (bench/claim.py STATS_STATES)."""
     # The default pool keeps its migration defaults: no tenant cap.
-    enqueue_s = load_store(url, jobs, pool="default", stats=stats)
+    enqueue_s = load_store(url, jobs, pool=DRAIN_POOL, stats=stats)
     load_before = os.getloadavg()[0]
     through: dict[str, object] = ({"listen_database_url": url, "prepared_statements": False}
                                   if bouncer_url else {})
@@ -240,9 +254,7 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
         server_at_end = server_cpu_s(url)
         if left := scalar(poll, LEFT_SQL):
             raise RuntimeError(f"{left} of {jobs} runs ended other than done")
-        drain_s = float(scalar(poll, "SELECT extract(epoch FROM max(finished_at) - "
-                                     "min(finished_at)) FROM agent_runs"
-                                     " WHERE finished_at >= %s", (started_at,)))
+        drain_s = float(scalar(poll, DRAIN_S_SQL, (started_at,)))
         for p in fleet:  # graceful: SIGTERM drains (nothing left to run)
             p.stop(grace_s=15)
         warnings = [line for p in fleet for line in p.log_tail(100_000).splitlines()
@@ -277,13 +289,16 @@ def drain_ours(url: str, jobs: int, processes: int, concurrency: int, timeout_s:
 # --------------------------------------------------------------------------
 
 
-def raw_floor(url: str, jobs: int, claimers: int, batch: int) -> dict[str, Any]:
+def raw_floor(url: str, jobs: int, claimers: int, batch: int,
+              stats: str = "analyzed") -> dict[str, Any]:
+    """The seed's claim + ack, `claimers` processes, batch `batch`, on a
+    table whose statistics are in state `stats` (bench/claim.py STATS_STATES)."""
     import claim  # bench/claim.py: its spawned claimers import it by name too
 
     load_before = os.getloadavg()[0]
-    rate = claim.measure(url, "raw", claimers, batch, jobs)
-    return {"claimers": claimers, "batch": batch, "jobs_per_s": round(rate, 1),
-            "host_loadavg_1m_before": round(load_before, 2)}
+    rate = claim.measure(url, "raw", claimers, batch, jobs, stats=stats)
+    return {"claimers": claimers, "batch": batch, "stats": stats,
+            "jobs_per_s": round(rate, 1), "host_loadavg_1m_before": round(load_before, 2)}
 
 
 def run_peer(name: str, url: str, jobs: int, timeout_s: float) -> dict[str, Any]:
