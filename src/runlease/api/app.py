@@ -25,6 +25,7 @@ from runlease.api import (
     errors,
     routes,
     schedules,
+    threads,
     usage,
     webhooks,
     workers,
@@ -215,6 +216,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     errors.install(app)
     app.include_router(batch.router)
     app.include_router(routes.router)
+    app.include_router(threads.router)
     app.include_router(actions.router)
     app.include_router(schedules.router)
     app.include_router(usage.router)

@@ -204,11 +204,24 @@ class RunCreate(RunSettings):
         examples=["https://hooks.example.com/runlease"],
         description="POSTed a signed notice when the run finishes; its host must be on the "
                     "admin's webhook allowlist.")
+    thread_id: str | None = Field(
+        None, min_length=1, max_length=bounds.THREAD_MAX_CHARS, pattern=bounds.THREAD_PATTERN,
+        examples=["conv-42"],
+        description="The tenant's thread (a conversation) the run belongs to: at most one run "
+                    "of a thread is active at a time, the others wait in submit order. "
+                    "Needs no create call; `GET /v1/threads/{id}` shows it.")
+    multitask: Literal["enqueue", "reject", "interrupt", "rollback"] | None = Field(
+        None, description="With `thread_id`, when the thread has an unfinished run: "
+                          "`enqueue` (default) waits its turn; `reject` answers 409 naming "
+                          "the active run; `interrupt` cancels the active run and starts "
+                          "after it ended; `rollback` does so and flags it `rolled_back`.")
 
     @model_validator(mode="after")
     def _one_start(self) -> Self:
         if self.run_at is not None and self.delay_s is not None:
             raise ValueError("give run_at or delay_s, not both")
+        if self.multitask is not None and self.thread_id is None:
+            raise ValueError("multitask goes with thread_id")
         return self
 
 
@@ -288,6 +301,7 @@ def run_out_fields(run: Run, *, admin: bool) -> dict[str, Any]:
                   "cost": float(run.cost), "turns": run.turns_used,
                   "tool_calls": run.tool_calls_used},
         "parent_run_id": run.parent_run_id, "awaiting_children": run.awaiting_children,
+        "thread_id": run.thread_id, "rolled_back": run.rolled_back,
     }
 
 

@@ -78,6 +78,11 @@ class Run(RunHead):
     tool_calls_used: int = 0
     parent_run_id: UUID | None = None
     awaiting_children: bool = False
+    # Its thread (issue 27): its place in submit order, and whether a
+    # multitask 'rollback' submit interrupted it.
+    thread_id: str | None = None
+    thread_seq: int | None = None
+    rolled_back: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

@@ -19,6 +19,7 @@ each concern, each beside its statements in `sql/`:
     usage.py      usage per run and per day     (usage.sql)
     rates.py      tenants' submit rates         (rates.sql)
     children.py   child runs, waiting for them  (children.sql)
+    threads.py    threads: one active run each  (threads.sql)
     webhooks.py   completion webhooks           (webhooks.sql)
 
 Every method validates its input first (nothing is written on bad input),
@@ -43,6 +44,7 @@ from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.schedules import ScheduleStore
 from runlease.db.stats import QueueStats, StatsStore
+from runlease.db.threads import ThreadStore
 from runlease.db.usage import UsageStore
 from runlease.db.webhooks import WebhookStore
 from runlease.db.workers import Registration, WorkerRow, WorkerStore
@@ -64,7 +66,7 @@ __all__ = [
 ]
 
 
-class RunStore(BulkStore, ScheduleStore, ChildStore, BatchStore, QueueStore, SearchStore,
-               LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore,
+class RunStore(ThreadStore, BulkStore, ScheduleStore, ChildStore, BatchStore, QueueStore,
+               SearchStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore,
                UsageStore, RateStore, WebhookStore, ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""

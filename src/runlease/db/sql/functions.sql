@@ -157,6 +157,7 @@ CREATE OR REPLACE TRIGGER agent_runs_objects_check
 --   places   the head of the pool's fair order: whose turn it is
 --   recount  the capped tenants among the places, locked, their leases counted
 --   fill     each tenant's own priority order fills its places
+--   threads  a pick that is not its thread's head is dropped (issue 27)
 --   lease    the chosen runs become leased by the incarnation
 --
 -- Fairness first, then priority. The pool's fair order (fair_seq, assigned at
@@ -544,6 +545,36 @@ END;
 $$;
 
 
+-- Stage threads (issue 27, invariant 11): a thread's runs other than its
+-- head are parked out of the claim's indexes (see runlease_thread_advance),
+-- so the places never hold them and this stage drops nothing in a sound
+-- database. It is the claim's own check of the rule, on the picks only
+-- (a primary-key read each, and one of agent_run_threads per pick in a
+-- thread): a pick that is in a thread and is not its head is dropped. Behind
+-- it, agent_runs_thread_active_idx (unique, leased runs per thread) refuses
+-- a second lease outright.
+CREATE OR REPLACE FUNCTION runlease_claim_threads(
+    p_ids uuid[], p_tenants text[], p_fair bigint[], p_k bigint[],
+    OUT pick_ids uuid[], OUT pick_tenants text[], OUT pick_fair bigint[], OUT pick_k bigint[]
+)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+BEGIN
+    SELECT array_agg(p.id), array_agg(p.tenant_id), array_agg(p.fair_seq), array_agg(p.k)
+      INTO pick_ids, pick_tenants, pick_fair, pick_k
+      FROM unnest(p_ids, p_tenants, p_fair, p_k) AS p (id, tenant_id, fair_seq, k)
+     WHERE NOT EXISTS (
+            SELECT 1 FROM agent_runs r
+             WHERE r.id = p.id AND r.thread_id IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM agent_run_threads t
+                                WHERE t.tenant_id = r.tenant_id AND t.thread_id = r.thread_id
+                                  AND t.head_run_id = r.id));
+END;
+$$;
+
+
 -- Stage lease: the picks become leased by p_worker, in the order of the
 -- places they fill (nth). A place holder passed over takes the fair_seq of
 -- the pick that used its place. Appends each run's holder (agent_runs.holders,
@@ -678,6 +709,8 @@ BEGIN
     END IF;
     v_picks := runlease_claim_fill(p_pool, v_counts.tenants, v_counts.takes, v_places.ids,
                                    v_terms.aging_s, v_now);
+    v_picks := runlease_claim_threads(v_picks.pick_ids, v_picks.pick_tenants,
+                                      v_picks.pick_fair, v_picks.pick_k);
     RETURN QUERY
     SELECT l.id, l.pool, l.tenant_id, l.priority, l.attempts, l.max_attempts, l.lease_epoch,
            v_until, l.cancel_requested_at, l.input_json, l.budget_json, l.created_at,
@@ -687,6 +720,78 @@ BEGIN
                                 v_now) l;
 END;
 $$;
+
+
+-- Threads (issue 27, migration 0017): a thread's head is the one run of it
+-- that may be claimed or is active; its other unfinished runs are parked
+-- (delayed, available_at far ahead, thread_due_at the time they were due).
+-- When the head finishes (done, dead, cancelled: finished_at set), the next
+-- parked run by thread_seq becomes the head, due at max(its own due time,
+-- the finish), and the claim's promotion makes it ready. A run that comes
+-- back from a final state (redrive) rejoins its thread: the head if the
+-- thread is idle, parked otherwise. A parked run that finishes (a cancel)
+-- moves nothing. Serialized with the thread's submits on its row of
+-- agent_run_threads. The clock is the finishing statement's (finished_at,
+-- or updated_at for a redrive), so a test's injected time holds here too.
+-- Fires only for runs in a thread whose finished state changed; everything
+-- else (heartbeats, usage, every run in no thread) is passed over by the
+-- trigger's column list or its WHEN.
+CREATE OR REPLACE FUNCTION runlease_thread_advance() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ts   timestamptz := coalesce(NEW.finished_at, NEW.updated_at, now());
+    v_head uuid;
+    v_next record;
+BEGIN
+    IF NEW.finished_at IS NULL THEN
+        SELECT t.head_run_id INTO v_head FROM agent_run_threads t
+         WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id
+           FOR UPDATE;
+        IF v_head IS NULL THEN
+            UPDATE agent_run_threads t SET head_run_id = NEW.id, updated_at = v_ts
+             WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id;
+        ELSIF v_head <> NEW.id THEN
+            UPDATE agent_runs r
+               SET delayed = true, thread_due_at = r.available_at,
+                   available_at = '9999-01-01 00:00:00+00'::timestamptz
+             WHERE r.id = NEW.id AND r.status = 'pending';
+        END IF;
+        RETURN NULL;
+    END IF;
+    UPDATE agent_run_threads t SET head_run_id = NULL, updated_at = v_ts
+     WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id
+       AND t.head_run_id = NEW.id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT r.id, r.pool, greatest(r.thread_due_at, v_ts) AS due INTO v_next
+      FROM agent_runs r
+     WHERE r.tenant_id = NEW.tenant_id AND r.thread_id = NEW.thread_id
+       AND r.thread_due_at IS NOT NULL AND r.status = 'pending'
+     ORDER BY r.thread_seq
+     LIMIT 1
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    UPDATE agent_runs r SET available_at = v_next.due, thread_due_at = NULL
+     WHERE r.id = v_next.id;
+    UPDATE agent_run_threads t SET head_run_id = v_next.id
+     WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id;
+    IF v_next.due <= v_ts THEN
+        -- The pool's claimers (db/channels.py, POOL_CHANNEL_PREFIX).
+        PERFORM pg_notify('runlease_pool_' || v_next.pool, v_next.pool);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER agent_runs_thread_advance
+    AFTER UPDATE OF status ON agent_runs
+    FOR EACH ROW
+    WHEN (NEW.thread_id IS NOT NULL
+          AND (OLD.finished_at IS NULL) <> (NEW.finished_at IS NULL))
+    EXECUTE FUNCTION runlease_thread_advance();
 
 
 -- A finished lease frees a slot of its tenant: in a pool with tenant limits,

@@ -1,0 +1,59 @@
+-- 0017: threads (issue 27). A run may name a thread (tenant-scoped): at most
+-- one run of a thread is active at any instant, the others wait in submit
+-- order (ARCHITECTURE invariant 11).
+--
+-- A thread's runs are out of the claim's indexes except its head: a run
+-- submitted to a thread that already has an unfinished run is parked, as a
+-- parent waiting for its children is (delayed, available_at far ahead, so
+-- neither the claim's places nor its promotion ever read it), with the time
+-- it was due kept in thread_due_at. When the head finishes (done, dead,
+-- cancelled), a trigger (functions.sql, runlease_thread_advance) makes the
+-- next parked run, by thread_seq, the head and due. So the claim's cost does
+-- not grow with a thread's backlog: a busy thread's waiting runs are never
+-- read by a claim.
+
+-- The thread row serializes a thread's submits and finishes (its row lock):
+-- next_seq numbers its runs in submit order; head_run_id is the one run of
+-- the thread that may be claimed or is active (NULL: the thread is idle).
+CREATE TABLE agent_run_threads (
+    tenant_id   text        NOT NULL,
+    thread_id   text        NOT NULL,
+    next_seq    bigint      NOT NULL DEFAULT 1,
+    head_run_id uuid,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, thread_id),
+    CONSTRAINT agent_run_threads_id_bounded
+        CHECK (thread_id ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$')
+);
+
+ALTER TABLE agent_runs
+    ADD COLUMN thread_id     text,
+    ADD COLUMN thread_seq    bigint,
+    ADD COLUMN thread_due_at timestamptz,
+    -- Interrupted by a submit with multitask 'rollback': its result and
+    -- events are kept, flagged, and never the thread's latest answer.
+    ADD COLUMN rolled_back   boolean NOT NULL DEFAULT false,
+    ADD CONSTRAINT agent_runs_thread_id_bounded
+        CHECK (thread_id ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$'),
+    ADD CONSTRAINT agent_runs_thread_seq_iff_thread
+        CHECK ((thread_id IS NULL) = (thread_seq IS NULL)),
+    ADD CONSTRAINT agent_runs_thread_parked_in_thread
+        CHECK (thread_due_at IS NULL OR thread_id IS NOT NULL);
+
+-- A thread's runs in submit order (GET /v1/threads/{id}/runs).
+CREATE INDEX agent_runs_thread_idx
+    ON agent_runs (tenant_id, thread_id, thread_seq)
+    WHERE thread_id IS NOT NULL;
+
+-- A thread's parked runs, the next head first: only pending parked runs, so
+-- the advance reads one entry however many of the thread's runs finished.
+CREATE INDEX agent_runs_thread_parked_idx
+    ON agent_runs (tenant_id, thread_id, thread_seq)
+    WHERE thread_due_at IS NOT NULL AND status = 'pending';
+
+-- The last line of defence of invariant 11: two leased runs of one thread
+-- cannot be stored, whatever a bug upstream does (the claim would fail).
+CREATE UNIQUE INDEX agent_runs_thread_active_idx
+    ON agent_runs (tenant_id, thread_id)
+    WHERE thread_id IS NOT NULL AND status = 'leased';
