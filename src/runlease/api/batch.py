@@ -35,6 +35,10 @@ class RunBatchItem(RunCreate):
         description="As the Idempotency-Key header of a single submit: a key that names an "
                     "existing run with the same input returns that run.",
         examples=["eval-2026-12-01-case-0001"])]
+    # A thread orders its runs one submit at a time (db/threads.py): not in a batch.
+    thread_id: None = Field(None, description="Not in a batch: submit a thread's runs one "
+                                              "at a time (POST /v1/runs).")
+    multitask: None = Field(None, description="Not in a batch.")
 
 
 class RunBatchIn(BaseModel):
@@ -95,11 +99,6 @@ async def answer_batch(body: RunBatchIn, who: Principal, store: RunStore,
     alone = False  # an item with a parent or a webhook
     own = None if who.admin else who.tenant_id
     for i, item in enumerate(body.runs):
-        if item.thread_id is not None:
-            # A thread orders its runs one submit at a time (db/threads.py).
-            raise ErrorAnswer(422, "invalid_request",
-                              f"runs[{i}].thread_id: submit a thread's runs one at a time "
-                              "(POST /v1/runs)", f"runs[{i}].thread_id")
         tenant = item.tenant_id
         if own is None or (tenant is not None and tenant != own):
             try:

@@ -137,6 +137,11 @@ def _one_start_rule(schema: dict[str, Any]) -> None:
     schema["not"] = {"required": ["run_at", "delay_s"],
                      "properties": {"run_at": {"type": "string"},
                                     "delay_s": {"type": "number"}}}
+    # multitask is a thread's policy: given (not null), it needs a thread_id.
+    schema["if"] = {"required": ["multitask"],
+                    "properties": {"multitask": {"type": "string"}}}
+    schema["then"] = {"required": ["thread_id"],
+                      "properties": {"thread_id": {"type": "string"}}}
     schema["examples"] = [{"input": {"prompt": "Summarise the incident report"},
                            "labels": {"team": "search"}, "delay_s": 300,
                            "non_retryable_codes": ["invalid_input"]}]
@@ -221,7 +226,7 @@ class RunCreate(RunSettings):
         if self.run_at is not None and self.delay_s is not None:
             raise ValueError("give run_at or delay_s, not both")
         if self.multitask is not None and self.thread_id is None:
-            raise ValueError("multitask goes with thread_id")
+            raise ValueError("multitask goes with thread_id")  # the schema's if/then
         return self
 
 

@@ -13,6 +13,8 @@ class RunMethods:
     list = sends(Calls.list)
     cancel = sends(Calls.cancel)
     steps = sends(Calls.steps)
+    thread = sends(Calls.thread)
+    thread_runs = sends(Calls.thread_runs)
 
     # -- admin ------------------------------------------------------------------------------
 
