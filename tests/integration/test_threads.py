@@ -313,3 +313,11 @@ def test_eight_claimers_never_lease_two_runs_of_a_thread(db_url: str) -> None:
     assert {s for s, _ in rows} <= {"done", "dead"}  # every run finished
     for _, _, got in seqs:  # submit order numbered without gaps or repeats
         assert got == list(range(1, PER_THREAD + 1))
+
+
+async def test_a_claimed_run_carries_its_thread(store: RunStore) -> None:
+    mine = (await submit(store, "t", "conv-9")).result.run
+    await store.enqueue("default", "t", {})
+    by_id = {le.run.id: le.run.thread_id for le in await claim_all(store)}
+    assert by_id.pop(mine.id) == "conv-9"
+    assert list(by_id.values()) == [None]

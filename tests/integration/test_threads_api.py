@@ -3,10 +3,16 @@ policy, read the thread and its runs, and what a hostile caller gets."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
+
 import httpx
 import pytest
 
 from runlease.client import ApiError, AsyncClient
+from runlease.worker.context import RunContext
 from tests.support.api import Api
 from tests.support.waiting import until
 from tests.support.workers import running_worker
@@ -123,3 +129,47 @@ async def test_a_batch_item_in_a_thread_is_refused(api: Api) -> None:
             {"input": {}}, {"input": {}, "thread_id": "c"}]})
         assert answer.status_code == 422
         assert answer.json()["error"]["field"] == "runs[1].thread_id"
+
+
+async def _echo_thread(ctx: RunContext) -> dict[str, object]:
+    return {"thread": ctx.thread_id}
+
+
+async def test_the_agent_sees_its_thread(api: Api, db_url: str) -> None:
+    async with AsyncClient(api.url, api.token("acme")) as client, \
+            running_worker(db_url, agent=_echo_thread):
+        run = await client.submit({}, thread_id="conv-7")
+        plain = await client.submit({})
+        assert (await client.wait(run.id, timeout_s=30)).result == {"thread": "conv-7"}
+        assert (await client.wait(plain.id, timeout_s=30)).result == {"thread": None}
+
+
+async def _cli(api: Api, *args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "RUNLEASE_API_URL": api.url, "RUNLEASE_TOKEN": api.token("acme"),
+           "COLUMNS": "200"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlease", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_cli_submits_into_a_thread_and_shows_it(api: Api) -> None:
+    code, out, err = await _cli(api, "runs", "submit", "--input", "{}", "--thread", "cli-1",
+                                "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert first["thread_id"] == "cli-1"
+    code, out, err = await _cli(api, "runs", "submit", "--input", "{}", "--thread", "cli-1",
+                                "--multitask", "reject")
+    assert code != 0
+    assert "thread_busy" in out + err
+    code, out, err = await _cli(api, "threads", "show", "cli-1", "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["thread"]["head_run_id"] == first["id"]
+    assert [r["id"] for r in shown["runs"]] == [first["id"]]
+    code, out, err = await _cli(api, "runs", "list", "--thread", "cli-1", "--json")
+    assert code == 0, err
+    assert first["id"] in out

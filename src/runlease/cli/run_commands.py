@@ -81,12 +81,17 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
 @retry_options
 @click.option("--parent", "parent_run_id", help="Submit it as a child of this run.")
 @click.option("--webhook-url", help="POSTed a signed notice when the run finishes.")
+@click.option("--thread", "thread_id", help="The thread (conversation) it belongs to: one run "
+                                            "of a thread at a time, in submit order.")
+@click.option("--multitask", type=click.Choice(["enqueue", "reject", "interrupt", "rollback"]),
+              help="With --thread, when the thread is busy (default enqueue).")
 def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            runs_file: str | None, pool: str | None, priority: int | None,
            max_attempts: int | None, budget: str | None, idempotency_key: str | None,
            tenant_id: str | None, labels: tuple[str, ...], run_at: str | None,
            delay_s: float | None, parent_run_id: str | None = None,
-           webhook_url: str | None = None, **retry: Any) -> None:
+           webhook_url: str | None = None, thread_id: str | None = None,
+           multitask: str | None = None, **retry: Any) -> None:
     """Enqueue a run (--input), or many from a JSON-lines file (--file)."""
     if (input_json is None) == (runs_file is None):
         raise click.UsageError("give --input (one run) or --file (many)")
@@ -108,7 +113,7 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          tenant_id=tenant_id, labels=_labels(labels),
                          run_at=_time(run_at, "--run-at"), delay_s=delay_s,
                          parent_run_id=parent_run_id, webhook_url=webhook_url,
-                         **retry_kwargs(**retry))
+                         thread_id=thread_id, multitask=multitask, **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
     else:
@@ -152,16 +157,18 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
 @click.option("--finished-before")
 @click.option("--idempotency-key")
 @click.option("--tenant", help="Admin: one tenant's runs.")
+@click.option("--thread", "thread_id", help="One thread's runs (admins: with --tenant).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
 @click.option("--cursor")
 def list_runs(api_url: str, token: str, as_json: bool, statuses: tuple[str, ...],
               pool: str | None, labels: tuple[str, ...], created_after: str | None,
               created_before: str | None, finished_after: str | None,
               finished_before: str | None, idempotency_key: str | None, tenant: str | None,
-              limit: int, cursor: str | None) -> None:
+              limit: int, cursor: str | None, thread_id: str | None = None) -> None:
     """Runs, newest first, filtered (every filter given must match)."""
     with client(api_url, token) as api:
         page = api.list(status=list(statuses), pool=pool, limit=limit, cursor=cursor,
+                        thread_id=thread_id,
                         label=list(labels), idempotency_key=idempotency_key, tenant=tenant,
                         created_after=_time(created_after, "--created-after"),
                         created_before=_time(created_before, "--created-before"),

@@ -192,6 +192,11 @@ CREATE OR REPLACE TRIGGER agent_runs_objects_check
 
 -- What a claim leases, by name (the store reads it by name).
 DROP FUNCTION IF EXISTS runlease_claim(text, text, integer, integer, timestamptz);
+-- Issue 27 added thread_id to what the claim and its lease stage return
+-- (ctx.thread_id): a result type CREATE OR REPLACE cannot change.
+DROP FUNCTION IF EXISTS runlease_claim(text, text, integer, timestamptz);
+DROP FUNCTION IF EXISTS runlease_claim_lease(text, text, uuid[], text[], uuid[], text[], bigint[],
+                                             bigint[], timestamptz);
 
 
 -- Stage admit: the pool's terms for this claim. `is_open` is false when
@@ -589,7 +594,7 @@ CREATE OR REPLACE FUNCTION runlease_claim_lease(
     id uuid, pool text, tenant_id text, priority integer, attempts integer,
     max_attempts integer, lease_epoch bigint, cancel_requested_at timestamptz,
     input_json jsonb, budget_json jsonb, created_at timestamptz, available_at timestamptz,
-    updated_at timestamptz, nth bigint
+    updated_at timestamptz, nth bigint, thread_id text
 )
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -640,7 +645,7 @@ BEGIN
          WHERE r.id = chosen.id
         RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
                   r.lease_epoch, r.cancel_requested_at, r.input_json, r.budget_json,
-                  r.created_at, r.available_at, r.updated_at, chosen.nth
+                  r.created_at, r.available_at, r.updated_at, chosen.nth, r.thread_id
     ), counted AS (
         INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
         SELECT c.pool, c.tenant_id, 'pending', '', -count(*)
@@ -649,7 +654,7 @@ BEGIN
     )
     SELECT c.id, c.pool, c.tenant_id, c.priority, c.attempts, c.max_attempts,
            c.lease_epoch, c.cancel_requested_at, c.input_json, c.budget_json,
-           c.created_at, c.available_at, c.updated_at, c.nth
+           c.created_at, c.available_at, c.updated_at, c.nth, c.thread_id
       FROM claimed c;
 END;
 $$;
@@ -668,7 +673,8 @@ CREATE OR REPLACE FUNCTION runlease_claim(
     id uuid, pool text, tenant_id text, priority integer, attempts integer,
     max_attempts integer, lease_epoch bigint, lease_until timestamptz,
     cancel_requested_at timestamptz, input_json jsonb, budget_json jsonb,
-    created_at timestamptz, available_at timestamptz, updated_at timestamptz, nth bigint
+    created_at timestamptz, available_at timestamptz, updated_at timestamptz, nth bigint,
+    thread_id text
 )
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -714,7 +720,7 @@ BEGIN
     RETURN QUERY
     SELECT l.id, l.pool, l.tenant_id, l.priority, l.attempts, l.max_attempts, l.lease_epoch,
            v_until, l.cancel_requested_at, l.input_json, l.budget_json, l.created_at,
-           l.available_at, l.updated_at, l.nth
+           l.available_at, l.updated_at, l.nth, l.thread_id
       FROM runlease_claim_lease(p_pool, p_worker, v_places.ids, v_places.tenants,
                                 v_picks.pick_ids, v_picks.pick_tenants, v_picks.pick_fair, v_picks.pick_k,
                                 v_now) l;
