@@ -23,6 +23,7 @@ from runlease.api import (
     batch,
     console,
     errors,
+    key_limits,
     routes,
     schedules,
     threads,
@@ -217,6 +218,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     app.include_router(batch.router)
     app.include_router(routes.router)
     app.include_router(threads.router)
+    app.include_router(key_limits.router)
     app.include_router(actions.router)
     app.include_router(schedules.router)
     app.include_router(usage.router)

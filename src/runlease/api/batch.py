@@ -39,6 +39,8 @@ class RunBatchItem(RunCreate):
     thread_id: None = Field(None, description="Not in a batch: submit a thread's runs one "
                                               "at a time (POST /v1/runs).")
     multitask: None = Field(None, description="Not in a batch.")
+    concurrency_key: None = Field(None, description="Not in a batch: submit a key's runs one "
+                                                    "at a time (POST /v1/runs).")
 
 
 class RunBatchIn(BaseModel):

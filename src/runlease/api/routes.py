@@ -126,7 +126,8 @@ async def submit(
     Over the tenant's submit rate in the pool: 429 with Retry-After."""
     tenant = tenant_for(body.tenant_id, who)
     parent = body.parent_run_id
-    if parent is None and body.webhook_url is None and body.thread_id is None:
+    if (parent is None and body.webhook_url is None and body.thread_id is None
+            and body.concurrency_key is None):
         # Most submits: grouped (submit_group.py).
         result = await groups.submit(new_run(body, tenant, idempotency_key))
     else:
@@ -148,7 +149,7 @@ def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Respon
 
 async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: RunStore,
                         idempotency_key: str | None) -> EnqueueResult:
-    """A submit with a parent, a webhook or a thread: its checks share its
+    """A submit with a parent, a webhook, a thread or a key: its checks share its
     transaction. A thread's interrupted run is stopped after the commit
     (db/threads.py says why)."""
     parent = body.parent_run_id
@@ -165,6 +166,9 @@ async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: Run
             result, interrupt = joined.result, joined.interrupt
         else:
             (result,) = await store.enqueue_many(body.pool, [run], notify=False, conn=conn)
+            if body.concurrency_key is not None and result.inserted:
+                result = EnqueueResult(
+                    await store.join_key(result.run.id, body.concurrency_key, conn=conn), True)
         if parent is not None and result.inserted:
             result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
         if body.webhook_url is not None and result.inserted:

@@ -134,9 +134,13 @@ def _label_keys(schema: dict[str, Any]) -> None:
 def _one_start_rule(schema: dict[str, Any]) -> None:
     # run_at and delay_s are each allowed, not both: the document says so
     # (generic clients and schemathesis read it), and shows one whole body.
-    schema["not"] = {"required": ["run_at", "delay_s"],
-                     "properties": {"run_at": {"type": "string"},
-                                    "delay_s": {"type": "number"}}}
+    schema["not"] = {"anyOf": [
+        {"required": ["run_at", "delay_s"],
+         "properties": {"run_at": {"type": "string"}, "delay_s": {"type": "number"}}},
+        # A run is in a thread or has a concurrency key, not both.
+        {"required": ["thread_id", "concurrency_key"],
+         "properties": {"thread_id": {"type": "string"},
+                        "concurrency_key": {"type": "string"}}}]}
     # multitask is a thread's policy: given (not null), it needs a thread_id.
     schema["if"] = {"required": ["multitask"],
                     "properties": {"multitask": {"type": "string"}}}
@@ -215,6 +219,11 @@ class RunCreate(RunSettings):
         description="The tenant's thread (a conversation) the run belongs to: at most one run "
                     "of a thread is active at a time, the others wait in submit order. "
                     "Needs no create call; `GET /v1/threads/{id}` shows it.")
+    concurrency_key: str | None = Field(
+        None, min_length=1, max_length=bounds.THREAD_MAX_CHARS, pattern=bounds.THREAD_PATTERN,
+        examples=["user-1234"],
+        description="The tenant's concurrency key: the pool's key limits cap how many runs "
+                    "of one key run at once (the others wait, parked). Not with `thread_id`.")
     multitask: Literal["enqueue", "reject", "interrupt", "rollback"] | None = Field(
         None, description="With `thread_id`, when the thread has an unfinished run: "
                           "`enqueue` (default) waits its turn; `reject` answers 409 naming "
@@ -227,6 +236,8 @@ class RunCreate(RunSettings):
             raise ValueError("give run_at or delay_s, not both")
         if self.multitask is not None and self.thread_id is None:
             raise ValueError("multitask goes with thread_id")  # the schema's if/then
+        if self.thread_id is not None and self.concurrency_key is not None:
+            raise ValueError("give thread_id or concurrency_key, not both")
         return self
 
 
@@ -307,6 +318,7 @@ def run_out_fields(run: Run, *, admin: bool) -> dict[str, Any]:
                   "tool_calls": run.tool_calls_used},
         "parent_run_id": run.parent_run_id, "awaiting_children": run.awaiting_children,
         "thread_id": run.thread_id, "rolled_back": run.rolled_back,
+        "concurrency_key": run.concurrency_key,
     }
 
 

@@ -85,13 +85,16 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
                                             "of a thread at a time, in submit order.")
 @click.option("--multitask", type=click.Choice(["enqueue", "reject", "interrupt", "rollback"]),
               help="With --thread, when the thread is busy (default enqueue).")
+@click.option("--key", "concurrency_key", help="Its concurrency key: the pool's key limits cap "
+                                               "how many runs of one key run at once.")
 def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            runs_file: str | None, pool: str | None, priority: int | None,
            max_attempts: int | None, budget: str | None, idempotency_key: str | None,
            tenant_id: str | None, labels: tuple[str, ...], run_at: str | None,
            delay_s: float | None, parent_run_id: str | None = None,
            webhook_url: str | None = None, thread_id: str | None = None,
-           multitask: str | None = None, **retry: Any) -> None:
+           multitask: str | None = None, concurrency_key: str | None = None,
+           **retry: Any) -> None:
     """Enqueue a run (--input), or many from a JSON-lines file (--file)."""
     if (input_json is None) == (runs_file is None):
         raise click.UsageError("give --input (one run) or --file (many)")
@@ -113,7 +116,8 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          tenant_id=tenant_id, labels=_labels(labels),
                          run_at=_time(run_at, "--run-at"), delay_s=delay_s,
                          parent_run_id=parent_run_id, webhook_url=webhook_url,
-                         thread_id=thread_id, multitask=multitask, **retry_kwargs(**retry))
+                         thread_id=thread_id, multitask=multitask,
+                         concurrency_key=concurrency_key, **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
     else:

@@ -194,14 +194,16 @@ class Calls:
                webhook_url: str | None = None,
                backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
                non_retryable_codes: Sequence[str] | None = None,
-               thread_id: str | None = None, multitask: str | None = None) -> Call[RunView]:
+               thread_id: str | None = None, multitask: str | None = None,
+               concurrency_key: str | None = None) -> Call[RunView]:
         """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
         later; `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
         a signed notice when it ends; backoff_* and non_retryable_codes its retry
         policy (left out: 5 s doubling up to 300 s, every error retried);
         `thread_id` puts it in a thread (one run at a time, in submit order) and
         `multitask` says what to do when the thread is busy: enqueue (default),
-        reject (Conflict, `thread_busy`), interrupt or rollback."""
+        reject (Conflict, `thread_busy`), interrupt or rollback; `concurrency_key`
+        counts it against the pool's limit for that key."""
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id), ("labels", labels),
@@ -211,7 +213,8 @@ class Calls:
                            ("backoff_base_s", backoff_base_s), ("backoff_cap_s", backoff_cap_s),
                            ("non_retryable_codes", None if non_retryable_codes is None
                             else [*non_retryable_codes]),
-                           ("thread_id", thread_id), ("multitask", multitask)):
+                           ("thread_id", thread_id), ("multitask", multitask),
+                           ("concurrency_key", concurrency_key)):
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -343,6 +346,19 @@ class Calls:
     @staticmethod
     def pool(name: str) -> Call[dict[str, Any]]:
         return Call("GET", f"/v1/pools/{name}", check)
+
+    @staticmethod
+    def key_limits(name: str) -> Call[dict[str, Any]]:
+        """A pool's limits per concurrency key (admin)."""
+        return Call("GET", f"/v1/pools/{name}/key-limits", check)
+
+    @staticmethod
+    def set_key_limits(name: str, *, default: int | None = None,
+                       keys: Mapping[str, int] | None = None) -> Call[dict[str, Any]]:
+        """A pool's key limits become exactly these (admin): `default` every
+        key's (None: unlimited), `keys` a key's own."""
+        return Call("PUT", f"/v1/pools/{name}/key-limits", check,
+                    json={"default": default, "keys": dict(keys or {})})
 
     @staticmethod
     def upsert_pool(name: str, settings: Mapping[str, Any]) -> Call[dict[str, Any]]:

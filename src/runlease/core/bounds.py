@@ -89,6 +89,11 @@ def check_thread(value: object) -> str:
     return _text("thread_id", value, THREAD_MAX_CHARS, _THREAD_RE)
 
 
+def check_key(field: str, value: object) -> str:
+    """A concurrency key: a thread id's rules (issue 27)."""
+    return _text(field, value, THREAD_MAX_CHARS, _THREAD_RE)
+
+
 def check_pool(value: object) -> str:
     if isinstance(value, str) and len(value) > POOL_MAX_CHARS:
         raise ValidationError(

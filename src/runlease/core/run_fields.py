@@ -49,3 +49,4 @@ class RunFields(RunHead):
     awaiting_children: bool = False  # pending, waiting for its children
     thread_id: str | None = None  # its thread (issue 27)
     rolled_back: bool = False  # interrupted by a multitask 'rollback' submit
+    concurrency_key: str | None = None  # its key: the pool limits runs per key

@@ -83,6 +83,7 @@ class Run(RunHead):
     thread_id: str | None = None
     thread_seq: int | None = None
     rolled_back: bool = False
+    concurrency_key: str | None = None  # its key: pool limits per key (issue 27)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

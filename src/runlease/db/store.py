@@ -20,6 +20,7 @@ each concern, each beside its statements in `sql/`:
     rates.py      tenants' submit rates         (rates.sql)
     children.py   child runs, waiting for them  (children.sql)
     threads.py    threads: one active run each  (threads.sql)
+    keys.py       concurrency keys and limits   (keys.sql)
     webhooks.py   completion webhooks           (webhooks.sql)
 
 Every method validates its input first (nothing is written on bad input),
@@ -36,6 +37,7 @@ from runlease.db.console import ConsoleStore
 from runlease.db.enqueue_batch import BatchEnqueued, BatchStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
+from runlease.db.keys import KeyStore
 from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
@@ -66,7 +68,7 @@ __all__ = [
 ]
 
 
-class RunStore(ThreadStore, BulkStore, ScheduleStore, ChildStore, BatchStore, QueueStore,
+class RunStore(KeyStore, ThreadStore, BulkStore, ScheduleStore, ChildStore, BatchStore, QueueStore,
                SearchStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore,
                UsageStore, RateStore, WebhookStore, ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""

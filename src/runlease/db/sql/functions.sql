@@ -800,6 +800,181 @@ CREATE OR REPLACE TRIGGER agent_runs_thread_advance
     EXECUTE FUNCTION runlease_thread_advance();
 
 
+-- Concurrency keys (issue 27, migration 0017): a pool's limit for a key (its
+-- own row, else the pool's default '*', else NULL: unlimited).
+CREATE OR REPLACE FUNCTION runlease_key_limit(p_pool text, p_key text) RETURNS integer
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT l.max_in_flight FROM agent_run_key_limits l
+                  WHERE l.pool = p_pool AND l.key = p_key),
+                (SELECT l.max_in_flight FROM agent_run_key_limits l
+                  WHERE l.pool = p_pool AND l.key = '*'));
+
+-- A run just inserted (same transaction) joins its key: it takes a slot
+-- when the key is under its limit, and is parked otherwise (out of every
+-- claim path until a slot is handed to it). Under the key's row lock, so
+-- `active` (the runs holding a slot) never passes the limit. Returns
+-- whether the run was parked.
+CREATE OR REPLACE FUNCTION runlease_key_join(p_run uuid, p_key text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run    record;
+    v_active integer;
+    v_limit  integer;
+BEGIN
+    UPDATE agent_runs r SET concurrency_key = p_key
+     WHERE r.id = p_run AND r.status = 'pending' AND r.concurrency_key IS NULL
+    RETURNING r.pool, r.tenant_id INTO v_run;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO agent_run_keys (pool, tenant_id, key) VALUES (v_run.pool, v_run.tenant_id, p_key)
+        ON CONFLICT DO NOTHING;
+    SELECT k.active INTO v_active FROM agent_run_keys k
+     WHERE k.pool = v_run.pool AND k.tenant_id = v_run.tenant_id AND k.key = p_key
+       FOR UPDATE;
+    v_limit := runlease_key_limit(v_run.pool, p_key);
+    IF v_limit IS NULL OR v_active < v_limit THEN
+        UPDATE agent_run_keys k SET active = k.active + 1
+         WHERE k.pool = v_run.pool AND k.tenant_id = v_run.tenant_id AND k.key = p_key;
+        RETURN false;
+    END IF;
+    UPDATE agent_runs r
+       SET delayed = true, key_due_at = r.available_at,
+           available_at = '9999-01-01 00:00:00+00'::timestamptz
+     WHERE r.id = p_run;
+    RETURN true;
+END;
+$$;
+
+-- A run of a key that held a slot finishes (done, dead, cancelled): the
+-- slot goes to the key's oldest parked run while the key is within its
+-- limit (due at max(its own due time, the finish)), else it is freed. A
+-- parked run that finishes (a cancel) held none. A run back from a final
+-- state (redrive) takes a slot again, or is parked. As runlease_thread_advance.
+CREATE OR REPLACE FUNCTION runlease_key_release() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ts     timestamptz := coalesce(NEW.finished_at, NEW.updated_at, now());
+    v_active integer;
+    v_limit  integer;
+    v_next   record;
+BEGIN
+    IF NEW.finished_at IS NOT NULL AND OLD.key_due_at IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO agent_run_keys (pool, tenant_id, key)
+    VALUES (NEW.pool, NEW.tenant_id, NEW.concurrency_key)
+        ON CONFLICT DO NOTHING;
+    SELECT k.active INTO v_active FROM agent_run_keys k
+     WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id AND k.key = NEW.concurrency_key
+       FOR UPDATE;
+    v_limit := runlease_key_limit(NEW.pool, NEW.concurrency_key);
+    IF NEW.finished_at IS NULL THEN
+        IF v_limit IS NULL OR v_active < v_limit THEN
+            UPDATE agent_run_keys k SET active = k.active + 1
+             WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id
+               AND k.key = NEW.concurrency_key;
+        ELSE
+            UPDATE agent_runs r
+               SET delayed = true, key_due_at = r.available_at,
+                   available_at = '9999-01-01 00:00:00+00'::timestamptz
+             WHERE r.id = NEW.id AND r.status = 'pending';
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF v_limit IS NULL OR v_active <= v_limit THEN
+        SELECT r.id, r.pool, greatest(r.key_due_at, v_ts) AS due INTO v_next
+          FROM agent_runs r
+         WHERE r.pool = NEW.pool AND r.tenant_id = NEW.tenant_id
+           AND r.concurrency_key = NEW.concurrency_key
+           AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+         ORDER BY r.id
+         LIMIT 1
+           FOR UPDATE;
+        IF FOUND THEN
+            UPDATE agent_runs r SET available_at = v_next.due, key_due_at = NULL
+             WHERE r.id = v_next.id;
+            IF v_next.due <= v_ts THEN
+                PERFORM pg_notify('runlease_pool_' || v_next.pool, v_next.pool);
+            END IF;
+            RETURN NULL;  -- the slot passed over: active unchanged
+        END IF;
+    END IF;
+    UPDATE agent_run_keys k SET active = greatest(k.active - 1, 0)
+     WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id AND k.key = NEW.concurrency_key;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER agent_runs_key_release
+    AFTER UPDATE OF status ON agent_runs
+    FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL
+          AND (OLD.finished_at IS NULL) <> (NEW.finished_at IS NULL))
+    EXECUTE FUNCTION runlease_key_release();
+
+-- A pool's key limits were raised (or removed): its keys with parked runs
+-- and free slots hand them out now, a bounded batch of keys per call (the
+-- keys found by a loose index scan of agent_runs_key_parked_idx). Returns
+-- how many runs it unparked.
+CREATE OR REPLACE FUNCTION runlease_key_refill(p_pool text, p_batch integer, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key    record;
+    v_active integer;
+    v_limit  integer;
+    v_moved  integer := 0;
+    v_n      integer;
+BEGIN
+    FOR v_key IN
+        WITH RECURSIVE keys AS (
+            (SELECT r.tenant_id, r.concurrency_key FROM agent_runs r
+              WHERE r.pool = p_pool AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+              ORDER BY r.tenant_id, r.concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT n.tenant_id, n.concurrency_key
+              FROM keys k
+             CROSS JOIN LATERAL (
+                    SELECT r.tenant_id, r.concurrency_key FROM agent_runs r
+                     WHERE r.pool = p_pool AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+                       AND (r.tenant_id, r.concurrency_key) > (k.tenant_id, k.concurrency_key)
+                     ORDER BY r.tenant_id, r.concurrency_key LIMIT 1) n
+        )
+        SELECT * FROM keys LIMIT p_batch
+    LOOP
+        SELECT k.active INTO v_active FROM agent_run_keys k
+         WHERE k.pool = p_pool AND k.tenant_id = v_key.tenant_id AND k.key = v_key.concurrency_key
+           FOR UPDATE;
+        v_limit := runlease_key_limit(p_pool, v_key.concurrency_key);
+        WITH next AS (
+            SELECT r.id FROM agent_runs r
+             WHERE r.pool = p_pool AND r.tenant_id = v_key.tenant_id
+               AND r.concurrency_key = v_key.concurrency_key
+               AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+             ORDER BY r.id
+             LIMIT CASE WHEN v_limit IS NULL THEN NULL
+                        ELSE greatest(v_limit - coalesce(v_active, 0), 0) END
+               FOR UPDATE
+        ), moved AS (
+            UPDATE agent_runs r
+               SET available_at = greatest(r.key_due_at, coalesce(p_now, now())), key_due_at = NULL
+              FROM next WHERE r.id = next.id
+            RETURNING r.id
+        )
+        SELECT count(*) INTO v_n FROM moved;
+        UPDATE agent_run_keys k SET active = k.active + v_n
+         WHERE k.pool = p_pool AND k.tenant_id = v_key.tenant_id AND k.key = v_key.concurrency_key;
+        v_moved := v_moved + v_n;
+    END LOOP;
+    IF v_moved > 0 THEN
+        PERFORM pg_notify('runlease_pool_' || p_pool, p_pool);
+    END IF;
+    RETURN v_moved;
+END;
+$$;
+
+
 -- A finished lease frees a slot of its tenant: in a pool with tenant limits,
 -- NOTIFY the pool so a claimer waiting on a capped tenant claims its next run
 -- now, not at its next poll. Called by ack, nack, fail and finalize_cancel

@@ -57,3 +57,51 @@ CREATE INDEX agent_runs_thread_parked_idx
 CREATE UNIQUE INDEX agent_runs_thread_active_idx
     ON agent_runs (tenant_id, thread_id)
     WHERE thread_id IS NOT NULL AND status = 'leased';
+
+
+-- Concurrency keys (issue 27, invariant 5 generalised): a run may name a
+-- concurrency_key (tenant-scoped); a pool limits how many runs of one
+-- (tenant, key) are active at once. As a thread's, a key's runs over its
+-- limit are parked out of the claim's indexes (delayed, available_at far
+-- ahead, key_due_at their due time), so a key at its limit costs a claim
+-- nothing; a run of the key that finishes hands its slot to the next parked
+-- one (runlease_key_release, functions.sql). A run names a thread or a key,
+-- not both.
+ALTER TABLE agent_runs
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN key_due_at      timestamptz,
+    ADD CONSTRAINT agent_runs_key_bounded
+        CHECK (concurrency_key ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$'),
+    ADD CONSTRAINT agent_runs_key_parked_in_key
+        CHECK (key_due_at IS NULL OR concurrency_key IS NOT NULL),
+    ADD CONSTRAINT agent_runs_thread_or_key
+        CHECK (thread_id IS NULL OR concurrency_key IS NULL);
+
+-- One row per (pool, tenant, key) ever used: `active` counts the key's runs
+-- that hold a slot (unfinished and not parked); its row lock serializes the
+-- key's submits and hand-overs, so `active` never passes the limit.
+CREATE TABLE agent_run_keys (
+    pool       text    NOT NULL,
+    tenant_id  text    NOT NULL,
+    key        text    NOT NULL,
+    active     integer NOT NULL DEFAULT 0 CHECK (active >= 0),
+    PRIMARY KEY (pool, tenant_id, key)
+);
+
+-- A pool's limits per key: `key` '*' is the pool's default per-key limit
+-- (no row: keys are unlimited), any other row that key's own limit (for
+-- every tenant's key of that name). At least 1: a limit of 0 would park a
+-- key's runs for ever.
+CREATE TABLE agent_run_key_limits (
+    pool          text    NOT NULL,
+    key           text    NOT NULL,
+    max_in_flight integer NOT NULL CHECK (max_in_flight BETWEEN 1 AND 100000),
+    PRIMARY KEY (pool, key),
+    CONSTRAINT agent_run_key_limits_key_bounded
+        CHECK (key = '*' OR key ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$')
+);
+
+-- A key's parked runs, oldest first: the next to take a freed slot.
+CREATE INDEX agent_runs_key_parked_idx
+    ON agent_runs (pool, tenant_id, concurrency_key, id)
+    WHERE key_due_at IS NOT NULL AND status = 'pending';
