@@ -1,4 +1,4 @@
-"""A busy thread's backlog is never read per claim (issue 27, ARCHITECTURE
+"""A busy thread's or a full key's backlog is never read per claim (issue 27, ARCHITECTURE
 invariant 10 with threads): 10,000 runs queued behind one thread's active
 run cost the claim nothing, and its head's finish reads one parked run to
 hand the thread over. Rows read are counted from EXPLAIN ANALYZE, never timed."""
@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from runlease.db.connect import make_conn_pool
+from runlease.db.keys import KeyLimits
 from runlease.db.models import Lease
 from runlease.db.store import Conn, NewRun
 from tests.support.databases import RegisteringStore
@@ -79,3 +80,39 @@ async def _claim_and_ack(store: RegisteringStore, held: Lease) -> None:
     nxt = await store.claim("default", "w", 50)
     hot = [le for le in nxt if le.run.tenant_id == "hot"]
     assert [le.run.id for le in hot] == [thread.head_run_id]  # one, the next in order
+
+
+async def test_a_keys_parked_backlog_is_not_read_per_claim(
+    store: RegisteringStore, db_url: str
+) -> None:
+    """The same for a concurrency key at its limit: 10,000 parked runs of
+    key 'hot' cost a claim nothing; a finish hands its slot over reading one."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE agent_runs SET (autovacuum_enabled = false)")
+    await store.replace_key_limits("default", KeyLimits(default=1))
+    async with store.connection() as conn, conn.transaction():
+        (first,) = await store.enqueue_many("default", [NewRun("hot", {})], conn=conn)
+        await store.join_key(first.run.id, "hot", conn=conn)
+    (held,) = await store.claim("default", "holder", 5)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, fair_seq, input_json, concurrency_key,"
+            "                        delayed, key_due_at, available_at)"
+            " SELECT gen_random_uuid(), 'hot', g, '{}', 'hot', true,"
+            "        now() - interval '1 hour', '9999-01-01 00:00:00+00'"
+            "   FROM generate_series(1, %s) g", (BACKLOG,))
+    await store.enqueue_many("default", [NewRun(f"t{i % 5}", {}) for i in range(20)])
+    async with make_conn_pool(db_url, max_size=2) as conn_pool:
+        fresh = RegisteringStore(conn_pool, clock=store.clock)
+        await fresh.incarnation("w")
+        leases, found = await executed(fresh, lambda c: fresh.claim("default", "w", 10, conn=c))
+        assert len(leases) == 10
+        assert all(le.run.tenant_id != "hot" for le in leases)
+        _bounded(found, 600)
+
+        async def ack(conn: Conn) -> None:
+            await fresh.ack(held, conn=conn)
+
+        _, found = await executed(fresh, ack, rollback=False)
+        _bounded(found, 50)
+        assert await fresh.key_usage("default", "hot", "hot") == (1, BACKLOG - 1)
