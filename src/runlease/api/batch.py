@@ -41,6 +41,8 @@ class RunBatchItem(RunCreate):
     multitask: None = Field(None, description="Not in a batch.")
     concurrency_key: None = Field(None, description="Not in a batch: submit a key's runs one "
                                                     "at a time (POST /v1/runs).")
+    singleton: None = Field(None, description="Not in a batch.")
+    debounce: None = Field(None, description="Not in a batch.")
 
 
 class RunBatchIn(BaseModel):

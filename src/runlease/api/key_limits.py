@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Path
 from pydantic import BaseModel, Field, StringConstraints
 
 from runlease.api.deps import Admin, JsonBody, Store
-from runlease.api.schemas import POOL_PATTERN, ErrorBody, Strict
+from runlease.api.schemas import INTEGRAL, POOL_PATTERN, ErrorBody, Strict
 from runlease.core import bounds
 from runlease.db.keys import KEY_LIMIT_MAX, MAX_KEY_LIMITS, KeyLimits
 
@@ -21,7 +21,8 @@ PoolPath = Annotated[str, Path(min_length=1, max_length=bounds.POOL_MAX_CHARS,
                                pattern=POOL_PATTERN)]
 Key = Annotated[str, StringConstraints(min_length=1, max_length=bounds.THREAD_MAX_CHARS,
                                        pattern=bounds.THREAD_PATTERN)]
-Limit = Annotated[int, Field(strict=True, ge=1, le=KEY_LIMIT_MAX)]
+# A float with no fraction is the integer it is (JSON Schema's `integer`).
+Limit = Annotated[int, Field(strict=True, ge=1, le=KEY_LIMIT_MAX), INTEGRAL]
 
 
 def _key_names(schema: dict[str, Any]) -> None:

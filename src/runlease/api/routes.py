@@ -48,6 +48,7 @@ from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
 from runlease.db.models import EnqueueResult, Pool, Run
 from runlease.db.runs import NewRun
+from runlease.db.singletons import Debounce
 from runlease.db.store import RunStore
 from runlease.errors import RunNotFound
 
@@ -127,7 +128,8 @@ async def submit(
     tenant = tenant_for(body.tenant_id, who)
     parent = body.parent_run_id
     if (parent is None and body.webhook_url is None and body.thread_id is None
-            and body.concurrency_key is None):
+            and body.concurrency_key is None and body.singleton is None
+            and body.debounce is None):
         # Most submits: grouped (submit_group.py).
         result = await groups.submit(new_run(body, tenant, idempotency_key))
     else:
@@ -149,7 +151,8 @@ def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Respon
 
 async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: RunStore,
                         idempotency_key: str | None) -> EnqueueResult:
-    """A submit with a parent, a webhook, a thread or a key: its checks share its
+    """A submit with a parent, a webhook, a thread, a key, a singleton or a
+    debounce: its checks share its
     transaction. A thread's interrupted run is stopped after the commit
     (db/threads.py says why)."""
     parent = body.parent_run_id
@@ -164,6 +167,14 @@ async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: Run
             joined = await store.submit_to_thread(body.pool, run, body.thread_id,
                                                   body.multitask or "enqueue", conn=conn)
             result, interrupt = joined.result, joined.interrupt
+        elif body.singleton is not None:
+            joined = await store.submit_singleton(body.pool, run, body.singleton.key,
+                                                  body.singleton.on_conflict, conn=conn)
+            result, interrupt = joined.result, joined.interrupt
+        elif body.debounce is not None:
+            result = await store.submit_debounced(
+                body.pool, run, Debounce(body.debounce.key, body.debounce.window_s,
+                                         body.debounce.max_delay_s), conn=conn)
         else:
             (result,) = await store.enqueue_many(body.pool, [run], notify=False, conn=conn)
             if body.concurrency_key is not None and result.inserted:

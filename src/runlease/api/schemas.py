@@ -131,16 +131,23 @@ def _label_keys(schema: dict[str, Any]) -> None:
                                        "pattern": run_options.LABEL_KEY_PATTERN}
 
 
+_KEYED = {"thread_id": "string", "concurrency_key": "string", "singleton": "object",
+          "debounce": "object"}
+
+
 def _one_start_rule(schema: dict[str, Any]) -> None:
     # run_at and delay_s are each allowed, not both: the document says so
     # (generic clients and schemathesis read it), and shows one whole body.
     schema["not"] = {"anyOf": [
         {"required": ["run_at", "delay_s"],
          "properties": {"run_at": {"type": "string"}, "delay_s": {"type": "number"}}},
-        # A run is in a thread or has a concurrency key, not both.
-        {"required": ["thread_id", "concurrency_key"],
-         "properties": {"thread_id": {"type": "string"},
-                        "concurrency_key": {"type": "string"}}}]}
+        # Debounce decides the start.
+        *({"required": ["debounce", start], "properties": {"debounce": {"type": "object"},
+                                                           start: {"type": kind}}}
+          for start, kind in (("run_at", "string"), ("delay_s", "number"))),
+        # A thread, a concurrency key, a singleton or a debounce: one at most.
+        *({"required": [a, b], "properties": {a: {"type": _KEYED[a]}, b: {"type": _KEYED[b]}}}
+          for i, a in enumerate(_KEYED) for b in list(_KEYED)[i + 1:])]}
     # multitask is a thread's policy: given (not null), it needs a thread_id.
     schema["if"] = {"required": ["multitask"],
                     "properties": {"multitask": {"type": "string"}}}
@@ -177,6 +184,25 @@ class RunSettings(Strict):
         description="Error codes after which the run is dead at once, whatever attempts "
                     "remain (a retryable failure with one of them is not retried).",
         examples=[["invalid_input", "quota_exceeded"]])
+
+
+class SingletonIn(Strict):
+    key: str = Field(min_length=1, max_length=bounds.THREAD_MAX_CHARS,
+                     pattern=bounds.THREAD_PATTERN, examples=["nightly-sync"])
+    on_conflict: Literal["skip", "cancel_in_progress"] = Field(
+        "skip", description="`skip`: while a run of the key is pending or active, the submit "
+                            "answers it (200); `cancel_in_progress`: that run is cancelled "
+                            "and the new one starts.")
+
+
+class DebounceIn(Strict):
+    key: str = Field(min_length=1, max_length=bounds.THREAD_MAX_CHARS,
+                     pattern=bounds.THREAD_PATTERN, examples=["user-1234-typing"])
+    window_s: float = Field(gt=0, le=24 * 3600, examples=[5],
+                            description="The run starts this long after the last submit.")
+    max_delay_s: float = Field(gt=0, le=7 * 24 * 3600, examples=[60],
+                               description="Never later than this after the first submit "
+                                           "(at least window_s).")
 
 
 class RunCreate(RunSettings):
@@ -224,6 +250,13 @@ class RunCreate(RunSettings):
         examples=["user-1234"],
         description="The tenant's concurrency key: the pool's key limits cap how many runs "
                     "of one key run at once (the others wait, parked). Not with `thread_id`.")
+    singleton: SingletonIn | None = Field(
+        None, description="One run of the key at a time: a submit while one is pending or "
+                          "active answers it, or cancels it (`on_conflict`).")
+    debounce: DebounceIn | None = Field(
+        None, description="Submits of the key within `window_s` of each other make one run "
+                          "(the same run id is answered, the last input wins), started at most "
+                          "`max_delay_s` after the first. Not with run_at or delay_s.")
     multitask: Literal["enqueue", "reject", "interrupt", "rollback"] | None = Field(
         None, description="With `thread_id`, when the thread has an unfinished run: "
                           "`enqueue` (default) waits its turn; `reject` answers 409 naming "
@@ -236,8 +269,14 @@ class RunCreate(RunSettings):
             raise ValueError("give run_at or delay_s, not both")
         if self.multitask is not None and self.thread_id is None:
             raise ValueError("multitask goes with thread_id")  # the schema's if/then
-        if self.thread_id is not None and self.concurrency_key is not None:
-            raise ValueError("give thread_id or concurrency_key, not both")
+        given = [n for n in ("thread_id", "concurrency_key", "singleton", "debounce")
+                 if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of {', '.join(given)}, not several")
+        if self.debounce is not None and (self.run_at is not None or self.delay_s is not None):
+            raise ValueError("debounce decides the start: not with run_at or delay_s")
+        if self.debounce is not None and self.debounce.max_delay_s < self.debounce.window_s:
+            raise ValueError("debounce.max_delay_s must be at least its window_s")
         return self
 
 

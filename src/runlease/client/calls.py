@@ -195,7 +195,9 @@ class Calls:
                backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
                non_retryable_codes: Sequence[str] | None = None,
                thread_id: str | None = None, multitask: str | None = None,
-               concurrency_key: str | None = None) -> Call[RunView]:
+               concurrency_key: str | None = None,
+               singleton: Mapping[str, Any] | None = None,
+               debounce: Mapping[str, Any] | None = None) -> Call[RunView]:
         """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
         later; `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
         a signed notice when it ends; backoff_* and non_retryable_codes its retry
@@ -203,7 +205,9 @@ class Calls:
         `thread_id` puts it in a thread (one run at a time, in submit order) and
         `multitask` says what to do when the thread is busy: enqueue (default),
         reject (Conflict, `thread_busy`), interrupt or rollback; `concurrency_key`
-        counts it against the pool's limit for that key."""
+        counts it against the pool's limit for that key; `singleton` ({"key",
+        "on_conflict"}) and `debounce` ({"key", "window_s", "max_delay_s"}) may
+        answer with the key's existing run (created False)."""
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id), ("labels", labels),
@@ -214,7 +218,9 @@ class Calls:
                            ("non_retryable_codes", None if non_retryable_codes is None
                             else [*non_retryable_codes]),
                            ("thread_id", thread_id), ("multitask", multitask),
-                           ("concurrency_key", concurrency_key)):
+                           ("concurrency_key", concurrency_key),
+                           ("singleton", None if singleton is None else dict(singleton)),
+                           ("debounce", None if debounce is None else dict(debounce))):
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}

@@ -21,6 +21,7 @@ each concern, each beside its statements in `sql/`:
     children.py   child runs, waiting for them  (children.sql)
     threads.py    threads: one active run each  (threads.sql)
     keys.py       concurrency keys and limits   (keys.sql)
+    singletons.py singletons and debounce       (singletons.sql)
     webhooks.py   completion webhooks           (webhooks.sql)
 
 Every method validates its input first (nothing is written on bad input),
@@ -45,6 +46,7 @@ from runlease.db.rates import RateStore
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.schedules import ScheduleStore
+from runlease.db.singletons import SingletonStore
 from runlease.db.stats import QueueStats, StatsStore
 from runlease.db.threads import ThreadStore
 from runlease.db.usage import UsageStore
@@ -68,7 +70,8 @@ __all__ = [
 ]
 
 
-class RunStore(KeyStore, ThreadStore, BulkStore, ScheduleStore, ChildStore, BatchStore, QueueStore,
-               SearchStore, LeaseStore, EventStore, PoolStore, LeaderStore, StatsStore, WorkerStore,
-               UsageStore, RateStore, WebhookStore, ConsoleStore):
+class RunStore(SingletonStore, KeyStore, ThreadStore, BulkStore, ScheduleStore, ChildStore,
+               BatchStore, QueueStore, SearchStore, LeaseStore, EventStore, PoolStore,
+               LeaderStore, StatsStore, WorkerStore, UsageStore, RateStore, WebhookStore,
+               ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""

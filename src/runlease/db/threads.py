@@ -80,7 +80,8 @@ class ThreadStore(QueueStore):
         if not result.inserted:
             return ThreadSubmit(result)
         if head is not None and policy is Multitask.REJECT:
-            raise ThreadBusy(thread, head, lock["head_status"])
+            # Read now: thread_lock's snapshot may predate the head's commit.
+            raise ThreadBusy(thread, head, (await self.get(head, conn=conn)).status)
         rows = await self._rows("thread_join", {"id": result.run.id, "tenant": tenant,
                                                 "thread": thread}, conn)
         joined = EnqueueResult(Run.from_row(rows[0]), True)

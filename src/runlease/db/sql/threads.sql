@@ -8,15 +8,13 @@
 -- name: thread_lock
 -- The thread's row, created on its first submit, locked for the submit's
 -- transaction (a thread's submits and its head's finish serialize on it),
--- with its head and the head's status.
-WITH {{clock}}, t AS (
-    INSERT INTO agent_run_threads AS t (tenant_id, thread_id, created_at, updated_at)
-    SELECT %(tenant)s, %(thread)s, clock.ts, clock.ts FROM clock
-        ON CONFLICT (tenant_id, thread_id) DO UPDATE SET updated_at = excluded.updated_at
-    RETURNING t.head_run_id
-)
-SELECT t.head_run_id, h.status AS head_status
-  FROM t LEFT JOIN agent_runs h ON h.id = t.head_run_id;
+-- and its head. (The head's own row is read by a later statement: this
+-- one's snapshot predates the lock it may have waited for.)
+WITH {{clock}}
+INSERT INTO agent_run_threads AS t (tenant_id, thread_id, created_at, updated_at)
+SELECT %(tenant)s, %(thread)s, clock.ts, clock.ts FROM clock
+    ON CONFLICT (tenant_id, thread_id) DO UPDATE SET updated_at = excluded.updated_at
+RETURNING t.head_run_id;
 
 
 -- name: thread_join

@@ -105,3 +105,33 @@ CREATE TABLE agent_run_key_limits (
 CREATE INDEX agent_runs_key_parked_idx
     ON agent_runs (pool, tenant_id, concurrency_key, id)
     WHERE key_due_at IS NOT NULL AND status = 'pending';
+
+
+-- Singletons and debounce (issue 27): a (pool, tenant, key) names at most
+-- one run a submit may answer with. Each row's lock serializes the key's
+-- submits, so concurrent submits never make two runs where one is promised.
+-- run_id: the key's latest run (NULL until the first submit commits).
+CREATE TABLE agent_run_singletons (
+    pool       text        NOT NULL,
+    tenant_id  text        NOT NULL,
+    key        text        NOT NULL,
+    run_id     uuid,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pool, tenant_id, key),
+    CONSTRAINT agent_run_singletons_key_bounded
+        CHECK (key ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$')
+);
+
+-- first_at: when the key's pending run was first submitted; a debounced
+-- submit pushes its start at most to first_at + max_delay_s.
+CREATE TABLE agent_run_debounces (
+    pool       text        NOT NULL,
+    tenant_id  text        NOT NULL,
+    key        text        NOT NULL,
+    run_id     uuid,
+    first_at   timestamptz,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pool, tenant_id, key),
+    CONSTRAINT agent_run_debounces_key_bounded
+        CHECK (key ~ '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$')
+);
