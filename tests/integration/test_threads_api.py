@@ -13,6 +13,7 @@ import pytest
 
 from runlease.client import ApiError, AsyncClient
 from runlease.worker.context import RunContext
+from tests.console.test_console_http import signed_in
 from tests.support.api import Api
 from tests.support.waiting import until
 from tests.support.workers import running_worker
@@ -173,3 +174,14 @@ async def test_the_cli_submits_into_a_thread_and_shows_it(api: Api) -> None:
     code, out, err = await _cli(api, "runs", "list", "--thread", "cli-1", "--json")
     assert code == 0, err
     assert first["id"] in out
+
+
+async def test_the_console_shows_a_runs_thread(ui: Api) -> None:
+    async with AsyncClient(ui.url, ui.token("acme")) as client:
+        await client.submit({}, thread_id="conv-ui")
+        waiting = await client.submit({}, thread_id="conv-ui")
+    async with signed_in(ui, "acme") as http:
+        page = await http.get(f"/ui/runs/{waiting.id}/summary")
+    assert page.status_code == 200, page.text
+    assert "conv-ui" in page.text
+    assert "after the thread's earlier runs" in page.text

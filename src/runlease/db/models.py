@@ -84,6 +84,9 @@ class Run(RunHead):
     thread_seq: int | None = None
     rolled_back: bool = False
     concurrency_key: str | None = None  # its key: pool limits per key (issue 27)
+    # Set while parked behind its thread's head or its key's limit: when it was due.
+    thread_due_at: datetime | None = None
+    key_due_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
