@@ -102,6 +102,14 @@ class InvalidTransition(RunleaseError):
         self.status = status
 
 
+class ThreadBusy(RunleaseError):
+    """A `reject` submit to a thread with an unfinished run: a 409 naming it."""
+
+    def __init__(self, thread_id: str, run_id: UUID, status: str) -> None:
+        super().__init__(f"thread {thread_id!r} is busy with run {run_id} ({status})")
+        self.thread_id, self.run_id, self.status = thread_id, run_id, status
+
+
 class LeaseLost(RunleaseError):
     """A fenced write changed zero rows: this worker no longer holds the lease.
 

@@ -44,6 +44,9 @@ OLD = Path(__file__).resolve().parents[1] / "fixtures" / "schema_0014"
 CARRIED, LAPSED = ":0015", ":0015-lapsed"
 UNSET = UUID(int=0)  # a Fleet's run not written yet
 
+# 0015 and every migration after it: what an upgrade from 0014 applies.
+SINCE_0015 = list(range(15, len(migrations()) + 1))
+
 
 @cache
 def old_statements() -> dict[str, str]:
@@ -329,7 +332,7 @@ def upgraded(empty_db_url: str) -> Iterator[Upgraded]:
         fleet = populate(old)
         counts_consistent(empty_db_url)
         before = snapshot(empty_db_url)
-        assert [m.version for m in migrate(empty_db_url)] == [15]
+        assert [m.version for m in migrate(empty_db_url)] == SINCE_0015
         yield Upgraded(empty_db_url, fleet, before, old)
     finally:
         old.conn.close()
@@ -554,7 +557,7 @@ async def test_holders_of_the_longest_ids_are_carried_within_the_id_limit(
         (live_run,) = old.enqueue(now, 1)
         old.claim(now, live, [live_run], A_LEASE_S)
         old.beat(now, live, A_LEASE_S)
-        assert [m.version for m in migrate(empty_db_url)] == [15]
+        assert [m.version for m in migrate(empty_db_url)] == SINCE_0015
     finally:
         old.conn.close()
     assert holders(empty_db_url) == {
@@ -651,10 +654,10 @@ def test_an_old_write_during_the_migration_waits_for_it(empty_db_url: str, what:
         blocker.rollback()
         for thread in threads:
             thread.join(timeout=120)
-        assert outcome.get("applied") == [15]
+        assert outcome.get("applied") == SINCE_0015
         error = RACERS[what][1]
         if error is None:
-            assert outcome == {"applied": [15], "landed": True}
+            assert outcome == {"applied": SINCE_0015, "landed": True}
         else:
             assert isinstance(outcome.get("error"), error), outcome
         # The leases are carried, live; nothing else changed hands.

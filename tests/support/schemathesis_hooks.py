@@ -7,6 +7,7 @@ description and refused by the server with a 422 that names the field.
   cannot store one), at any depth: a schema would need a recursive
   definition, which generators do not follow.
 - A priority band has `min` <= `max`: a rule between two fields.
+- A debounce's `max_delay_s` is at least its `window_s`: a rule between two fields.
 - A run's `run_at` is at most 366 days ahead (of now, which a schema
   cannot name).
 - A usage report spans at most 366 days, `from` not after `to` (default
@@ -60,6 +61,13 @@ def _far_run_at(body: dict[str, Any]) -> bool:
     return False
 
 
+def _short_debounce(body: dict[str, Any]) -> bool:
+    d = body.get("debounce")
+    return (isinstance(d, dict) and isinstance(d.get("window_s"), int | float)
+            and isinstance(d.get("max_delay_s"), int | float)
+            and d["max_delay_s"] < d["window_s"])
+
+
 def _bad_cron(body: dict[str, Any]) -> bool:
     cron, zone = body.get("cron"), body.get("timezone", "UTC")
     if not isinstance(cron, str) or not isinstance(zone, str):
@@ -96,4 +104,4 @@ def filter_body(ctx: Any, body: Any) -> bool:
     if not isinstance(body, dict):
         return True
     return not (_has_nul(body) or _inverted_band(body)
-                or _bad_cron(body) or _far_run_at(body))
+                or _bad_cron(body) or _far_run_at(body) or _short_debounce(body))

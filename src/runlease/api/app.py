@@ -25,8 +25,10 @@ from runlease.api import (
     batch,
     console,
     errors,
+    key_limits,
     routes,
     schedules,
+    threads,
     usage,
     webhooks,
     workers,
@@ -221,6 +223,8 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     errors.install(app)
     app.include_router(batch.router)
     app.include_router(routes.router)
+    app.include_router(threads.router)
+    app.include_router(key_limits.router)
     app.include_router(actions.router)
     app.include_router(schedules.router)
     app.include_router(usage.router)

@@ -35,6 +35,14 @@ class RunBatchItem(RunCreate):
         description="As the Idempotency-Key header of a single submit: a key that names an "
                     "existing run with the same input returns that run.",
         examples=["eval-2026-12-01-case-0001"])]
+    # A thread orders its runs one submit at a time (db/threads.py): not in a batch.
+    thread_id: None = Field(None, description="Not in a batch: submit a thread's runs one "
+                                              "at a time (POST /v1/runs).")
+    multitask: None = Field(None, description="Not in a batch.")
+    concurrency_key: None = Field(None, description="Not in a batch: submit a key's runs one "
+                                                    "at a time (POST /v1/runs).")
+    singleton: None = Field(None, description="Not in a batch.")
+    debounce: None = Field(None, description="Not in a batch.")
 
 
 class RunBatchIn(BaseModel):

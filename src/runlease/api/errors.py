@@ -20,6 +20,7 @@ from runlease.errors import (
     NotAllowed,
     RunleaseError,
     RunNotFound,
+    ThreadBusy,
     UnknownPool,
     ValidationError,
 )
@@ -116,6 +117,11 @@ async def _runlease_error(request: Request, exc: Exception) -> JSONResponse:
         return error_response(403, "not_allowed", str(exc), exc.field)
     if isinstance(exc, ValidationError):
         return error_response(422, "invalid_request", str(exc), exc.field)
+    if isinstance(exc, ThreadBusy):
+        # Names the active run, as `multitask: reject` promises.
+        return JSONResponse({"error": {"code": "thread_busy", "message": str(exc),
+                                       "field": "thread_id"},
+                             "active_run_id": str(exc.run_id)}, status_code=409)
     if isinstance(exc, DatabaseUnavailable):
         return error_response(503, "database_unavailable", "the database is unavailable",
                               headers={"Retry-After": "1"})

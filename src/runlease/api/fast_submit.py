@@ -8,8 +8,9 @@ app's own (body bound, metrics, CORS) and answers a submit itself only when
 nothing about it could differ from the route's answer: a known bearer
 token, a JSON content type, at most one Idempotency-Key within its bounds, a
 body that the route's model accepts (parsed as FastAPI parses it), a tenant
-the token may submit for, and no parent or webhook. Every other request,
-malformed or not, is passed on with its body, and the route answers it.
+the token may submit for, and no parent, webhook, thread, key, singleton or
+debounce. Every other request, malformed or not, is passed on with its
+body, and the route answers it.
 Errors of the submit itself (rate, idempotency conflict, unknown pool, bad
 input) are rendered by the app's own exception handlers.
 """
@@ -115,7 +116,9 @@ class FastSubmit:
             return False
         try:  # as FastAPI reads a body: json.loads, then the model in Python mode
             body = RunCreate.model_validate(json.loads(raw))
-            if body.parent_run_id is not None or body.webhook_url is not None:
+            if (body.parent_run_id is not None or body.webhook_url is not None
+                    or body.thread_id is not None or body.concurrency_key is not None
+                    or body.singleton is not None or body.debounce is not None):
                 return False
             run = new_run(body, tenant_for(body.tenant_id, who), idempotency_key)
         except Exception:  # whatever it is, the route answers it as it does

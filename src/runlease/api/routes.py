@@ -39,6 +39,7 @@ from runlease.api.search import (
     PoolQ,
     StatusQ,
     TenantQ,
+    ThreadQ,
     TimeQ,
     run_filter,
 )
@@ -48,6 +49,7 @@ from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
 from runlease.db.models import EnqueueResult, Pool, Run
 from runlease.db.runs import NewRun
+from runlease.db.singletons import Debounce
 from runlease.db.store import RunStore
 from runlease.errors import RunNotFound
 
@@ -109,7 +111,10 @@ SUBMIT_403 = {"model": ErrorBody,
                403: SUBMIT_403,
                429: {"model": ErrorBody, "description": "Over the tenant's submit rate; "
                                                          "see Retry-After."},
-               409: {"model": ErrorBody, "description": "The key names another input's run."},
+               409: {"model": ErrorBody,
+                     "description": "The key names another input's run; or `multitask: "
+                                    "reject` and the thread has an unfinished run "
+                                    "(`thread_busy`, its id in `active_run_id`)."},
                413: {"model": ErrorBody, "description": "Body over the bound."},
                415: {"model": ErrorBody,
                      "description": "No `Content-Type: application/json`."}},
@@ -127,7 +132,10 @@ async def submit(
     tenant = tenant_for(body.tenant_id, who)
     idempotency_key = utf8_header(idempotency_key, "Idempotency-Key")
     parent = body.parent_run_id
-    if parent is None and body.webhook_url is None:  # most submits: grouped (submit_group.py)
+    if (parent is None and body.webhook_url is None and body.thread_id is None
+            and body.concurrency_key is None and body.singleton is None
+            and body.debounce is None):
+        # Most submits: grouped (submit_group.py).
         result = await groups.submit(new_run(body, tenant, idempotency_key))
     else:
         result = await _submit_alone(body, who, tenant, store, idempotency_key)
@@ -159,19 +167,41 @@ def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Respon
 
 async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: RunStore,
                         idempotency_key: str | None) -> EnqueueResult:
-    """A submit with a parent or a webhook: its checks share its transaction."""
+    """A submit with a parent, a webhook, a thread, a key, a singleton or a
+    debounce: its checks share its
+    transaction. A thread's interrupted run is stopped after the commit
+    (db/threads.py says why)."""
     parent = body.parent_run_id
+    interrupt = None
     async with submit_slot(store, body.pool, tenant) as conn:
         if parent is not None:
             await store.check_parent(parent, tenant, conn=conn, admin=who.admin)
         if body.webhook_url is not None:
             await store.check_webhook_url(body.webhook_url, conn=conn)
-        (result,) = await store.enqueue_many(
-            body.pool, [new_run(body, tenant, idempotency_key)], notify=False, conn=conn)
+        run = new_run(body, tenant, idempotency_key)
+        if body.thread_id is not None:
+            joined = await store.submit_to_thread(body.pool, run, body.thread_id,
+                                                  body.multitask or "enqueue", conn=conn)
+            result, interrupt = joined.result, joined.interrupt
+        elif body.singleton is not None:
+            joined = await store.submit_singleton(body.pool, run, body.singleton.key,
+                                                  body.singleton.on_conflict, conn=conn)
+            result, interrupt = joined.result, joined.interrupt
+        elif body.debounce is not None:
+            result = await store.submit_debounced(
+                body.pool, run, Debounce(body.debounce.key, body.debounce.window_s,
+                                         body.debounce.max_delay_s), conn=conn)
+        else:
+            (result,) = await store.enqueue_many(body.pool, [run], notify=False, conn=conn)
+            if body.concurrency_key is not None and result.inserted:
+                result = EnqueueResult(
+                    await store.join_key(result.run.id, body.concurrency_key, conn=conn), True)
         if parent is not None and result.inserted:
             result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
         if body.webhook_url is not None and result.inserted:
             await store.add_webhook(result.run.id, tenant, body.webhook_url, conn=conn)
+    if interrupt is not None:
+        await store.interrupt(interrupt, tenant)
     return result
 
 
@@ -185,15 +215,17 @@ async def list_runs(who: Who, store: Store, status: StatusQ = None, pool: PoolQ 
                     finished_before: TimeQ = None, idempotency_key: KeyQ = None,
                     tenant: TenantQ = None, limit: Limit = 50,
                     cursor: UUID | None = None, parent_run_id: UUID | None = None,
-                    id_prefix: IdPrefixQ = None) -> Response:
+                    id_prefix: IdPrefixQ = None, thread_id: ThreadQ = None) -> Response:
     """Runs, newest first, filtered (every filter given must match); pass
     `next_cursor` back as `cursor` for the next page (stable while runs are
     added: new runs never shift a page). `parent_run_id`: that run's children;
-    `id_prefix`: the runs whose id starts with it."""
+    `id_prefix`: the runs whose id starts with it; `thread_id`: a thread's runs
+    (GET /v1/threads/{id}/runs lists them in submit order)."""
     f = run_filter(who, status=status, pool=pool, label=label, created_after=created_after,
                    created_before=created_before, finished_after=finished_after,
                    finished_before=finished_before, idempotency_key=idempotency_key,
-                   tenant=tenant, parent_run_id=parent_run_id, id_prefix=id_prefix)
+                   tenant=tenant, parent_run_id=parent_run_id, id_prefix=id_prefix,
+                   thread_id=thread_id)
     # The page's JSON text comes rendered from the database (db/run_json.py).
     return Response(await store.search_page(f, admin=who.admin, limit=limit, before=cursor),
                     media_type="application/json")

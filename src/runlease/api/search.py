@@ -53,6 +53,10 @@ IdPrefixQ = Annotated[str | None, Query(
     description="Runs whose id starts with this (at least 8 hex digits): how the CLI "
                 "and the console find a run by the start of its id.",
     examples=["01a24ca5-46fc"])]
+ThreadQ = Annotated[str | None, Query(min_length=1, max_length=bounds.THREAD_MAX_CHARS,
+                                      pattern=bounds.THREAD_PATTERN,
+                                      description="A thread's runs (admins: with `tenant`).",
+                                      examples=["conv-42"])]
 TenantQ = Annotated[str | None, Query(min_length=1, max_length=bounds.TENANT_MAX_CHARS,
                                       pattern=r"^[^\x00-\x20\x7f]+$",
                                       description="Admin: one tenant's runs. A tenant token "
@@ -73,7 +77,8 @@ def run_filter(who: Principal, *, status: Sequence[str] | None = None, pool: str
                finished_after: AwareDatetime | None = None,
                finished_before: AwareDatetime | None = None,
                idempotency_key: str | None = None, tenant: str | None = None,
-               parent_run_id: UUID | None = None, id_prefix: str | None = None) -> RunFilter:
+               parent_run_id: UUID | None = None, id_prefix: str | None = None,
+               thread_id: str | None = None) -> RunFilter:
     """The filter the caller may run: its own tenant's, or any for an admin."""
     scope = who.scope
     if scope is not None and tenant is not None and tenant != scope:
@@ -84,6 +89,9 @@ def run_filter(who: Principal, *, status: Sequence[str] | None = None, pool: str
         # A key is a tenant's own: an admin names whose (as an admin submit does).
         raise ErrorAnswer(403, "tenant_required", "idempotency_key: an admin token names "
                                                   "the tenant (`tenant`) with a key", "tenant")
+    if scope is None and tenant is None and thread_id is not None:
+        raise ErrorAnswer(403, "tenant_required", "thread_id: an admin token names "
+                                                  "the tenant (`tenant`) with a thread", "tenant")
     labels = tuple(split_label(item) for item in label or ())
     return RunFilter(
         tenant_id=scope if scope is not None else tenant,
@@ -91,4 +99,5 @@ def run_filter(who: Principal, *, status: Sequence[str] | None = None, pool: str
         labels=labels, created_after=created_after, created_before=created_before,
         finished_after=finished_after, finished_before=finished_before,
         idempotency_key=idempotency_key, parent_run_id=parent_run_id, id_prefix=id_prefix,
+        thread_id=thread_id,
     ).validated()

@@ -10,6 +10,7 @@ from runlease.cli.pools import pools
 from runlease.cli.runs import runs
 from runlease.cli.schedules import schedules
 from runlease.cli.server import api, main, operator, run, worker
+from runlease.cli.threads import threads
 from runlease.cli.usage import usage
 from runlease.cli.webhooks import children, webhooks
 
@@ -17,6 +18,7 @@ main.add_command(runs)
 main.add_command(dead)
 main.add_command(pools)
 main.add_command(schedules)
+main.add_command(threads)
 main.add_command(usage)
 main.add_command(webhooks)
 runs.add_command(children)

@@ -166,3 +166,39 @@ def pools_upsert(api_url: str, token: str, as_json: bool, name: str,
 
 
 pools.add_command(pools_upsert, "set")
+
+
+@pools.command("key-limits")
+@api_options
+@click.argument("name")
+@click.option("--default", "default_limit", metavar="N|none",
+              help="Every concurrency key's limit (none: unlimited).")
+@click.option("--key", "keys", multiple=True, metavar="KEY=N",
+              help="A key's own limit (repeatable; KEY=none removes it).")
+def pools_key_limits(api_url: str, token: str, as_json: bool, name: str,
+                     default_limit: str | None, keys: tuple[str, ...]) -> None:
+    """Show a pool's limits per concurrency key, or change them (admin): the
+    options given change those settings, the others are kept."""
+    with client(api_url, token) as api:
+        current = api.key_limits(name)
+        if default_limit is not None or keys:
+            wanted = dict(current["keys"])
+            for key, value in _pairs(keys, "--key", _count).items():
+                if value is None:
+                    wanted.pop(key, None)
+                else:
+                    wanted[key] = value
+            default = current["default"]
+            if default_limit is not None:
+                try:
+                    default = None if default_limit == "none" else _count(default_limit)
+                except ValueError:
+                    raise click.BadParameter(f"{default_limit!r}: a count or none",
+                                             param_hint="--default") from None
+            current = api.set_key_limits(name, default=default, keys=wanted)
+    if as_json:
+        emit_json(current)
+        return
+    out(f"pool {current['pool']}: default {current['default'] or 'unlimited'}")
+    for key, limit in sorted(current["keys"].items()):
+        out(f"  {key}: {limit}")

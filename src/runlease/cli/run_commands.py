@@ -53,6 +53,27 @@ def _time(value: str | None, option: str) -> datetime | None:
     return at
 
 
+def _singleton(value: str | None) -> dict[str, str] | None:
+    if value is None:
+        return None
+    # A key may hold ':' itself: only a known policy at the end is one.
+    key, sep, policy = value.rpartition(":")
+    if sep and policy in ("skip", "cancel_in_progress"):
+        return {"key": key, "on_conflict": policy}
+    return {"key": value, "on_conflict": "skip"}
+
+
+def _debounce(value: str | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    key, window, delay = ["", "", "", *value.rsplit(":", 2)][-3:]  # a key may hold ':'
+    try:
+        return {"key": key, "window_s": float(window), "max_delay_s": float(delay)}
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give KEY:WINDOW_S:MAX_DELAY_S",
+                                 param_hint="--debounce") from None
+
+
 def _jsonl(path: str) -> Iterator[dict[str, Any]]:
     """The file's runs, one JSON object a line (blank lines skipped)."""
     with click.open_file(path, encoding="utf-8") as f:
@@ -94,12 +115,27 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
 @click.option("--dry-run", is_flag=True,
               help="With --file: read and check every line, submit nothing (checked "
                    "here: the API checks the rest when they are sent).")
+@click.option("--thread", "thread_id", help="The thread (conversation) it belongs to: one run "
+                                            "of a thread at a time, in submit order.")
+@click.option("--multitask", type=click.Choice(["enqueue", "reject", "interrupt", "rollback"]),
+              help="With --thread, when the thread is busy (default enqueue).")
+@click.option("--key", "concurrency_key", help="Its concurrency key: the pool's key limits cap "
+                                               "how many runs of one key run at once.")
+@click.option("--singleton", metavar="KEY[:cancel_in_progress]",
+              help="One run of KEY at a time: a submit while one is pending or active answers "
+                   "it (or cancels it, with :cancel_in_progress).")
+@click.option("--debounce", metavar="KEY:WINDOW_S:MAX_DELAY_S",
+              help="Submits of KEY within WINDOW_S make one run (the last input wins), "
+                   "started at most MAX_DELAY_S after the first.")
 def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            runs_file: str | None, pool: str | None, priority: int | None,
            max_attempts: int | None, budget: str | None, idempotency_key: str | None,
            tenant_id: str | None, labels: tuple[str, ...], run_at: str | None,
            delay_s: float | None, parent_run_id: str | None = None,
-           webhook_url: str | None = None, dry_run: bool = False, **retry: Any) -> None:
+           webhook_url: str | None = None, dry_run: bool = False,
+           thread_id: str | None = None, multitask: str | None = None,
+           concurrency_key: str | None = None, singleton: str | None = None,
+           debounce: str | None = None, **retry: Any) -> None:
     """Enqueue a run (--input), or many from a JSON-lines file (--file)."""
     if (input_json is None) == (runs_file is None):
         raise click.UsageError("give --input (one run) or --file (many)")
@@ -125,7 +161,9 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          run_at=_time(run_at, "--run-at"), delay_s=delay_s,
                          parent_run_id=parent_run_id and run_id(api, parent_run_id),
                          webhook_url=webhook_url,
-                         **retry_kwargs(**retry))
+                         thread_id=thread_id, multitask=multitask,
+                         concurrency_key=concurrency_key, singleton=_singleton(singleton),
+                         debounce=_debounce(debounce), **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
     else:
@@ -177,16 +215,18 @@ def _submit_file(api_url: str, token: str, as_json: bool, path: str, pool: str |
 @click.option("--finished-before")
 @click.option("--idempotency-key")
 @click.option("--tenant", help="Admin: one tenant's runs.")
+@click.option("--thread", "thread_id", help="One thread's runs (admins: with --tenant).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
 @click.option("--cursor")
 def list_runs(api_url: str, token: str, as_json: bool, statuses: tuple[str, ...],
               pool: str | None, labels: tuple[str, ...], created_after: str | None,
               created_before: str | None, finished_after: str | None,
               finished_before: str | None, idempotency_key: str | None, tenant: str | None,
-              limit: int, cursor: str | None) -> None:
+              limit: int, cursor: str | None, thread_id: str | None = None) -> None:
     """Runs, newest first, filtered (every filter given must match)."""
     with client(api_url, token) as api:
         page = api.list(status=list(statuses), pool=pool, limit=limit, cursor=cursor,
+                        thread_id=thread_id,
                         label=label_filters(labels), idempotency_key=idempotency_key, tenant=tenant,
                         created_after=_time(created_after, "--created-after"),
                         created_before=_time(created_before, "--created-before"),

@@ -193,11 +193,21 @@ class Calls:
                parent_run_id: UUID | str | None = None,
                webhook_url: str | None = None,
                backoff_base_s: int | None = None, backoff_cap_s: int | None = None,
-               non_retryable_codes: Sequence[str] | None = None) -> Call[RunView]:
+               non_retryable_codes: Sequence[str] | None = None,
+               thread_id: str | None = None, multitask: str | None = None,
+               concurrency_key: str | None = None,
+               singleton: Mapping[str, Any] | None = None,
+               debounce: Mapping[str, Any] | None = None) -> Call[RunView]:
         """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
         later; `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
         a signed notice when it ends; backoff_* and non_retryable_codes its retry
-        policy (left out: 5 s doubling up to 300 s, every error retried)."""
+        policy (left out: 5 s doubling up to 300 s, every error retried);
+        `thread_id` puts it in a thread (one run at a time, in submit order) and
+        `multitask` says what to do when the thread is busy: enqueue (default),
+        reject (Conflict, `thread_busy`), interrupt or rollback; `concurrency_key`
+        counts it against the pool's limit for that key; `singleton` ({"key",
+        "on_conflict"}) and `debounce` ({"key", "window_s", "max_delay_s"}) may
+        answer with the key's existing run (created False)."""
         body: dict[str, Any] = {"input": dict(input)}
         for key, value in (("pool", pool), ("priority", priority), ("max_attempts", max_attempts),
                            ("budget", budget), ("tenant_id", tenant_id), ("labels", labels),
@@ -206,7 +216,11 @@ class Calls:
                             else str(parent_run_id)), ("webhook_url", webhook_url),
                            ("backoff_base_s", backoff_base_s), ("backoff_cap_s", backoff_cap_s),
                            ("non_retryable_codes", None if non_retryable_codes is None
-                            else [*non_retryable_codes])):
+                            else [*non_retryable_codes]),
+                           ("thread_id", thread_id), ("multitask", multitask),
+                           ("concurrency_key", concurrency_key),
+                           ("singleton", None if singleton is None else dict(singleton)),
+                           ("debounce", None if debounce is None else dict(debounce))):
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -232,14 +246,15 @@ class Calls:
              finished_after: datetime | None = None, finished_before: datetime | None = None,
              idempotency_key: str | None = None, tenant: str | None = None,
              parent_run_id: UUID | str | None = None,
-             id_prefix: str | None = None) -> Call[RunPage]:
+             id_prefix: str | None = None,
+             thread_id: str | None = None) -> Call[RunPage]:
         """A page of runs, newest first, filtered (every filter given must match:
         any of `status`, all of `label` as "key=value", "key:value" or a dict;
         `id_prefix`: ids starting with it, at least 8 hex digits)."""
         params = _page_params(limit, cursor, pool=pool, idempotency_key=idempotency_key,
                               id_prefix=id_prefix,
                               tenant=tenant, parent_run_id=None if parent_run_id is None
-                              else str(parent_run_id))
+                              else str(parent_run_id), thread_id=thread_id)
         if status:
             params["status"] = [status] if isinstance(status, str) else builtins.list(status)
         if label:
@@ -251,6 +266,19 @@ class Calls:
             if at is not None:
                 params[key] = at.isoformat()
         return Call("GET", "/v1/runs", _runs, params=params)
+
+    @staticmethod
+    def thread(thread_id: str, *, tenant: str | None = None) -> Call[dict[str, Any]]:
+        """A thread: its head (active or next run), latest answer, runs submitted."""
+        params = {"tenant": tenant} if tenant else {}
+        return Call("GET", f"/v1/threads/{thread_id}", check, params=params)
+
+    @staticmethod
+    def thread_runs(thread_id: str, *, tenant: str | None = None, limit: int = 50,
+                    cursor: str | None = None) -> Call[RunPage]:
+        """A page of a thread's runs in submit order, oldest first."""
+        return Call("GET", f"/v1/threads/{thread_id}/runs", _runs,
+                    params=_page_params(limit, cursor, tenant=tenant))
 
     @staticmethod
     def cancel(run_id: UUID | str) -> Call[RunView]:
@@ -327,6 +355,19 @@ class Calls:
     @staticmethod
     def pool(name: str) -> Call[dict[str, Any]]:
         return Call("GET", f"/v1/pools/{name}", check)
+
+    @staticmethod
+    def key_limits(name: str) -> Call[dict[str, Any]]:
+        """A pool's limits per concurrency key (admin)."""
+        return Call("GET", f"/v1/pools/{name}/key-limits", check)
+
+    @staticmethod
+    def set_key_limits(name: str, *, default: int | None = None,
+                       keys: Mapping[str, int] | None = None) -> Call[dict[str, Any]]:
+        """A pool's key limits become exactly these (admin): `default` every
+        key's (None: unlimited), `keys` a key's own."""
+        return Call("PUT", f"/v1/pools/{name}/key-limits", check,
+                    json={"default": default, "keys": dict(keys or {})})
 
     @staticmethod
     def upsert_pool(name: str, settings: Mapping[str, Any]) -> Call[dict[str, Any]]:

@@ -13,6 +13,8 @@ class RunMethods:
     list = sends(Calls.list)
     cancel = sends(Calls.cancel)
     steps = sends(Calls.steps)
+    thread = sends(Calls.thread)
+    thread_runs = sends(Calls.thread_runs)
 
     # -- admin ------------------------------------------------------------------------------
 
@@ -22,3 +24,5 @@ class RunMethods:
     webhook_hosts = sends(Calls.webhook_hosts)
     webhook_secret = sends(Calls.webhook_secret)
     usage = sends(Calls.usage)
+    key_limits = sends(Calls.key_limits)
+    set_key_limits = sends(Calls.set_key_limits)

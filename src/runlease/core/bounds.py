@@ -32,6 +32,10 @@ MAX_IN_FLIGHT_MAX = 1_000_000
 TENANT_MAX_CHARS = 128
 KEY_MAX_CHARS = 255
 POOL_MAX_CHARS = 48
+# A thread id (issue 27): tenant-scoped, a path segment of /v1/threads/{id};
+# agent_runs' and agent_run_threads' CHECKs say the same (migration 0017).
+THREAD_MAX_CHARS = 128
+THREAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 
 # Pool names become part of a NOTIFY channel name (63 bytes at most) and follow
 # Kubernetes naming, since a pool is usually an AgentRunPool's metadata.name.
@@ -39,6 +43,7 @@ POOL_MAX_CHARS = 48
 # (tests/unit/test_constants.py checks that the last two agree).
 POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
 _POOL_RE = re.compile(POOL_PATTERN)
+_THREAD_RE = re.compile(THREAD_PATTERN.replace("$", r"\Z"))
 _PRINTABLE_RE = re.compile(r"^[^\x00-\x20\x7f]+$")
 _EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _ERROR_CODE_RE = _EVENT_KIND_RE
@@ -86,6 +91,15 @@ def check_tenant(value: object) -> str:
     if tenant in RESERVED_TENANTS:
         raise ValidationError("tenant_id", f"{tenant!r} is reserved, not a tenant")
     return tenant
+
+
+def check_thread(value: object) -> str:
+    return _text("thread_id", value, THREAD_MAX_CHARS, _THREAD_RE)
+
+
+def check_key(field: str, value: object) -> str:
+    """A concurrency key: a thread id's rules (issue 27)."""
+    return _text(field, value, THREAD_MAX_CHARS, _THREAD_RE)
 
 
 def check_pool(value: object) -> str:

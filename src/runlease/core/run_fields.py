@@ -47,3 +47,6 @@ class RunFields(RunHead):
     usage: object = None  # tokens, cost, turns, tool calls: all attempts
     parent_run_id: UUID | None = None
     awaiting_children: bool = False  # pending, waiting for its children
+    thread_id: str | None = None  # its thread (issue 27)
+    rolled_back: bool = False  # interrupted by a multitask 'rollback' submit
+    concurrency_key: str | None = None  # its key: the pool limits runs per key

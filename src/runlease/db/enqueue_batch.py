@@ -45,7 +45,8 @@ from runlease.errors import BatchRefused, ItemError, RunleaseError
 _NORMALIZED = re.compile(r"[0-9][eE]|-0\.0(?![0-9])")
 
 _USAGE = ('"usage":{"input_tokens":0,"output_tokens":0,"cost":0.0,"turns":0,'
-          '"tool_calls":0},"parent_run_id":null,"awaiting_children":false}')
+          '"tool_calls":0},"parent_run_id":null,"awaiting_children":false,'
+          '"thread_id":null,"rolled_back":false,"concurrency_key":null}')
 
 
 @dataclass

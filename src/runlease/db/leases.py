@@ -31,7 +31,7 @@ MAX_CLAIM_BATCH = 1000
 # The columns of run_claim, in the order LeaseStore.claim reads them.
 _CLAIMED = ("id", "pool", "tenant_id", "priority", "attempts", "max_attempts", "lease_epoch",
             "lease_until", "cancel_requested_at", "input_json", "budget_json", "created_at",
-            "available_at", "updated_at")
+            "available_at", "updated_at", "thread_id")
 
 
 def _held(worker: str, pairs: Sequence[tuple[UUID, int]]) -> dict[str, Any]:
@@ -86,7 +86,7 @@ class LeaseStore(WorkerStore):
         # per claim (_CLAIMED), JSON parsed here: measurably cheaper per
         # claimed run than dict rows and psycopg's JSON loader.
         (id_, pool_, tenant, priority, attempts, max_attempts, epoch, until, cancel, input_,
-         budget, created, available, updated) = range(len(_CLAIMED))
+         budget, created, available, updated, thread) = range(len(_CLAIMED))
         return [
             Lease(Run(id=r[id_], pool=r[pool_], tenant_id=r[tenant], status=RunStatus.LEASED,
                       priority=r[priority], attempts=r[attempts],
@@ -94,7 +94,7 @@ class LeaseStore(WorkerStore):
                       locked_until=r[until], locked_by=worker, cancel_requested_at=r[cancel],
                       input_json=_json(r[input_]), budget_json=_json(r[budget]),
                       created_at=r[created], available_at=r[available],
-                      updated_at=r[updated]), worker)
+                      updated_at=r[updated], thread_id=r[thread]), worker)
             for r in rows
         ]
 

@@ -78,6 +78,15 @@ class Run(RunHead):
     tool_calls_used: int = 0
     parent_run_id: UUID | None = None
     awaiting_children: bool = False
+    # Its thread (issue 27): its place in submit order, and whether a
+    # multitask 'rollback' submit interrupted it.
+    thread_id: str | None = None
+    thread_seq: int | None = None
+    rolled_back: bool = False
+    concurrency_key: str | None = None  # its key: pool limits per key (issue 27)
+    # Set while parked behind its thread's head or its key's limit: when it was due.
+    thread_due_at: datetime | None = None
+    key_due_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

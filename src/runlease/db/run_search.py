@@ -12,6 +12,7 @@ Which index drives the scan, newest first (ids are UUIDv7, creation-ordered):
 
     idempotency_key   agent_runs_idempotency_idx (pool, tenant, key)
     parent_run_id     agent_runs_parent_idx (parent_run_id, id)
+    thread_id         agent_runs_thread_idx (tenant, thread, thread_seq): a thread's runs
     label             agent_run_labels (tenant, key, value, run_id), or
                       (key, value, run_id) for an admin across tenants; with
                       several, the rarest label's range, the others probed
@@ -70,6 +71,7 @@ class RunFilter:
     idempotency_key: str | None = None
     parent_run_id: UUID | None = None  # that run's children
     id_prefix: str | None = None  # ids starting with these hex digits (8 to 32)
+    thread_id: str | None = None  # a thread's runs (with tenant_id)
 
     def validated(self) -> RunFilter:
         """This filter, or a ValidationError naming the field at fault."""
@@ -101,6 +103,14 @@ class RunFilter:
             if self.tenant_id is None:
                 raise ValidationError("idempotency_key", "a key is a tenant's own: give "
                                                          "`tenant` with it")
+        return self._thread_validated()
+
+    def _thread_validated(self) -> RunFilter:
+        if self.thread_id is not None:
+            bounds.check_thread(self.thread_id)
+            if self.tenant_id is None:
+                raise ValidationError("thread_id", "a thread is a tenant's own: give "
+                                                   "`tenant` with it")
         return self
 
 
@@ -177,6 +187,13 @@ def _source(f: RunFilter, p: dict[str, Any],
         where.append(sql.SQL("r.idempotency_key = %(key)s AND r.pool = ANY ("
                              + ("ARRAY[%(pool)s::text]" if f.pool is not None
                                 else "ARRAY(SELECT name FROM agent_run_pools)") + ")"))
+        return sql.SQL("agent_runs r"), sql.SQL("r.id")
+    if f.thread_id is not None and f.tenant_id is not None:
+        # A thread's runs, through agent_runs_thread_idx (bounded by the
+        # thread); the thread's own condition is in _narrow.
+        if f.labels:
+            p["labels"] = json.dumps(dict(f.labels))
+            where.append(sql.SQL("r.labels @> %(labels)s::jsonb"))
         return sql.SQL("agent_runs r"), sql.SQL("r.id")
     if f.parent_run_id is not None:
         # A run's children through agent_runs_parent_idx (parent_run_id, id);
@@ -264,6 +281,9 @@ def _narrow(f: RunFilter, key: sql.Composable, p: dict[str, Any],
     if f.parent_run_id is not None:
         p["parent"] = f.parent_run_id
         where.append(sql.SQL("r.parent_run_id = %(parent)s"))
+    if f.thread_id is not None:
+        p["thread"] = f.thread_id
+        where.append(sql.SQL("r.thread_id = %(thread)s AND r.thread_id IS NOT NULL"))
     if f.statuses:
         where.append(sql.SQL("r.status IN ({})").format(
             sql.SQL(", ").join(sql.Literal(RunStatus(s).value) for s in f.statuses)))

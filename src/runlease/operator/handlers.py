@@ -124,6 +124,7 @@ async def apply_pool(body: dict[str, Any], memo: kopf.Memo) -> PoolSpec:
                                  spec.default_max_in_flight, spec.priority_aging_s,
                                  spec.retention_s, spec.paused, spec.tool_env),
                             spec.tenant_overrides)
+    await db.store.replace_key_limits(spec.pool, spec.key_limits)
     replicas = await pool_pass.first_replicas(spec, memo.k8s, db)
     for obj in build.objects(spec, body, replicas):
         await memo.k8s.apply(obj)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as ModelError
 
 from runlease.core import bounds
+from runlease.db.keys import KeyLimits, check_key, checked_key_limits
 from runlease.db.models import DEFAULT_RETENTION_S, TenantLimit
 from runlease.errors import ValidationError
 from runlease.operator import names
@@ -92,6 +93,8 @@ class PoolSpec:
     priority_aging_s: int = 60
     default_max_in_flight: int | None = None
     tenant_overrides: dict[str, TenantLimit] = field(default_factory=dict)
+    # Limits per concurrency key (issue 27): spec.concurrencyKeys.
+    key_limits: KeyLimits = field(default_factory=KeyLimits)
     retention_s: int = DEFAULT_RETENTION_S
     paused: bool = False
     tool_env: tuple[str, ...] = ()
@@ -208,6 +211,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any]) -> PoolSpec:
         priority_aging_s=_int(spec, "priorityAgingSeconds", 60, 0, bounds.AGING_S_MAX),
         default_max_in_flight=default_limit,
         tenant_overrides=_overrides(spec),
+        key_limits=_key_limits(spec),
         retention_s=_int(spec, "retentionSeconds", DEFAULT_RETENTION_S, 0,
                          bounds.RETENTION_S_MAX),
         paused=_bool(spec, "paused"),
@@ -326,6 +330,22 @@ def _overrides(spec: Mapping[str, Any]) -> dict[str, TenantLimit]:
         # out are none (as caps and bands), never kept from an API call.
         overrides[tenant] = TenantLimit(limit, lo, hi, submits, tokens)
     return overrides
+
+
+def _key_limits(spec: Mapping[str, Any]) -> KeyLimits:
+    # The store's own checks: a value it would refuse is an invalid spec.
+    keys = _mapping(spec, "concurrencyKeys")
+    default = keys.get("defaultLimit")
+    named: dict[str, Any] = {}  # limits checked below
+    for item in _list(keys, "limits"):
+        key = _bounded("spec.concurrencyKeys.limits[].key", check_key, item.get("key"))
+        if key in named:
+            raise InvalidSpec(f"spec.concurrencyKeys.limits names key {key!r} twice")
+        named[key] = item.get("maxInFlight")
+    try:
+        return checked_key_limits(KeyLimits(default, named))
+    except ValidationError as exc:
+        raise InvalidSpec(f"spec.concurrencyKeys: {exc}") from None
 
 
 def _listen_secret(database: Mapping[str, Any]) -> tuple[str | None, str]:

@@ -81,6 +81,9 @@ class RunContext:
         self.attempt: Final[int] = run.attempts
         self.lease_epoch: Final[int] = lease.epoch
         self.input: Final[dict[str, Any]] = run.input_json
+        # The run's thread (issue 27), or None: the thread's other runs wait
+        # until this one ends, so a conversation's state is this run's alone.
+        self.thread_id: Final[str | None] = run.thread_id
         self._clock: Clock = clock or SystemClock()
         self._fence = fence
         self.store = store

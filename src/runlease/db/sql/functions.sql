@@ -157,6 +157,7 @@ CREATE OR REPLACE TRIGGER agent_runs_objects_check
 --   places   the head of the pool's fair order: whose turn it is
 --   recount  the capped tenants among the places, locked, their leases counted
 --   fill     each tenant's own priority order fills its places
+--   threads  a pick that is not its thread's head is dropped (issue 27)
 --   lease    the chosen runs become leased by the incarnation
 --
 -- Fairness first, then priority. The pool's fair order (fair_seq, assigned at
@@ -191,6 +192,11 @@ CREATE OR REPLACE TRIGGER agent_runs_objects_check
 
 -- What a claim leases, by name (the store reads it by name).
 DROP FUNCTION IF EXISTS runlease_claim(text, text, integer, integer, timestamptz);
+-- Issue 27 added thread_id to what the claim and its lease stage return
+-- (ctx.thread_id): a result type CREATE OR REPLACE cannot change.
+DROP FUNCTION IF EXISTS runlease_claim(text, text, integer, timestamptz);
+DROP FUNCTION IF EXISTS runlease_claim_lease(text, text, uuid[], text[], uuid[], text[], bigint[],
+                                             bigint[], timestamptz);
 
 
 -- Stage admit: the pool's terms for this claim. `is_open` is false when
@@ -544,6 +550,36 @@ END;
 $$;
 
 
+-- Stage threads (issue 27, invariant 11): a thread's runs other than its
+-- head are parked out of the claim's indexes (see runlease_thread_advance),
+-- so the places never hold them and this stage drops nothing in a sound
+-- database. It is the claim's own check of the rule, on the picks only
+-- (a primary-key read each, and one of agent_run_threads per pick in a
+-- thread): a pick that is in a thread and is not its head is dropped. Behind
+-- it, agent_runs_thread_active_idx (unique, leased runs per thread) refuses
+-- a second lease outright.
+CREATE OR REPLACE FUNCTION runlease_claim_threads(
+    p_ids uuid[], p_tenants text[], p_fair bigint[], p_k bigint[],
+    OUT pick_ids uuid[], OUT pick_tenants text[], OUT pick_fair bigint[], OUT pick_k bigint[]
+)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_sort = off
+AS $$
+BEGIN
+    SELECT array_agg(p.id), array_agg(p.tenant_id), array_agg(p.fair_seq), array_agg(p.k)
+      INTO pick_ids, pick_tenants, pick_fair, pick_k
+      FROM unnest(p_ids, p_tenants, p_fair, p_k) AS p (id, tenant_id, fair_seq, k)
+     WHERE NOT EXISTS (
+            SELECT 1 FROM agent_runs r
+             WHERE r.id = p.id AND r.thread_id IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM agent_run_threads t
+                                WHERE t.tenant_id = r.tenant_id AND t.thread_id = r.thread_id
+                                  AND t.head_run_id = r.id));
+END;
+$$;
+
+
 -- Stage lease: the picks become leased by p_worker, in the order of the
 -- places they fill (nth). A place holder passed over takes the fair_seq of
 -- the pick that used its place. Appends each run's holder (agent_runs.holders,
@@ -558,7 +594,7 @@ CREATE OR REPLACE FUNCTION runlease_claim_lease(
     id uuid, pool text, tenant_id text, priority integer, attempts integer,
     max_attempts integer, lease_epoch bigint, cancel_requested_at timestamptz,
     input_json jsonb, budget_json jsonb, created_at timestamptz, available_at timestamptz,
-    updated_at timestamptz, nth bigint
+    updated_at timestamptz, nth bigint, thread_id text
 )
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -609,7 +645,7 @@ BEGIN
          WHERE r.id = chosen.id
         RETURNING r.id, r.pool, r.tenant_id, r.priority, r.attempts, r.max_attempts,
                   r.lease_epoch, r.cancel_requested_at, r.input_json, r.budget_json,
-                  r.created_at, r.available_at, r.updated_at, chosen.nth
+                  r.created_at, r.available_at, r.updated_at, chosen.nth, r.thread_id
     ), counted AS (
         INSERT INTO agent_run_count_deltas (pool, tenant_id, state, error_code, n)
         SELECT c.pool, c.tenant_id, 'pending', '', -count(*)
@@ -618,7 +654,7 @@ BEGIN
     )
     SELECT c.id, c.pool, c.tenant_id, c.priority, c.attempts, c.max_attempts,
            c.lease_epoch, c.cancel_requested_at, c.input_json, c.budget_json,
-           c.created_at, c.available_at, c.updated_at, c.nth
+           c.created_at, c.available_at, c.updated_at, c.nth, c.thread_id
       FROM claimed c;
 END;
 $$;
@@ -637,7 +673,8 @@ CREATE OR REPLACE FUNCTION runlease_claim(
     id uuid, pool text, tenant_id text, priority integer, attempts integer,
     max_attempts integer, lease_epoch bigint, lease_until timestamptz,
     cancel_requested_at timestamptz, input_json jsonb, budget_json jsonb,
-    created_at timestamptz, available_at timestamptz, updated_at timestamptz, nth bigint
+    created_at timestamptz, available_at timestamptz, updated_at timestamptz, nth bigint,
+    thread_id text
 )
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -678,13 +715,262 @@ BEGIN
     END IF;
     v_picks := runlease_claim_fill(p_pool, v_counts.tenants, v_counts.takes, v_places.ids,
                                    v_terms.aging_s, v_now);
+    v_picks := runlease_claim_threads(v_picks.pick_ids, v_picks.pick_tenants,
+                                      v_picks.pick_fair, v_picks.pick_k);
     RETURN QUERY
     SELECT l.id, l.pool, l.tenant_id, l.priority, l.attempts, l.max_attempts, l.lease_epoch,
            v_until, l.cancel_requested_at, l.input_json, l.budget_json, l.created_at,
-           l.available_at, l.updated_at, l.nth
+           l.available_at, l.updated_at, l.nth, l.thread_id
       FROM runlease_claim_lease(p_pool, p_worker, v_places.ids, v_places.tenants,
                                 v_picks.pick_ids, v_picks.pick_tenants, v_picks.pick_fair, v_picks.pick_k,
                                 v_now) l;
+END;
+$$;
+
+
+-- Threads (issue 27, migration 0017): a thread's head is the one run of it
+-- that may be claimed or is active; its other unfinished runs are parked
+-- (delayed, available_at far ahead, thread_due_at the time they were due).
+-- When the head finishes (done, dead, cancelled: finished_at set), the next
+-- parked run by thread_seq becomes the head, due at max(its own due time,
+-- the finish), and the claim's promotion makes it ready. A run that comes
+-- back from a final state (redrive) rejoins its thread: the head if the
+-- thread is idle, parked otherwise. A parked run that finishes (a cancel)
+-- moves nothing. Serialized with the thread's submits on its row of
+-- agent_run_threads. The clock is the finishing statement's (finished_at,
+-- or updated_at for a redrive), so a test's injected time holds here too.
+-- Fires only for runs in a thread whose finished state changed; everything
+-- else (heartbeats, usage, every run in no thread) is passed over by the
+-- trigger's column list or its WHEN.
+CREATE OR REPLACE FUNCTION runlease_thread_advance() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ts   timestamptz := coalesce(NEW.finished_at, NEW.updated_at, now());
+    v_head uuid;
+    v_next record;
+BEGIN
+    IF NEW.finished_at IS NULL THEN
+        SELECT t.head_run_id INTO v_head FROM agent_run_threads t
+         WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id
+           FOR UPDATE;
+        IF v_head IS NULL THEN
+            UPDATE agent_run_threads t SET head_run_id = NEW.id, updated_at = v_ts
+             WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id;
+        ELSIF v_head <> NEW.id THEN
+            UPDATE agent_runs r
+               SET delayed = true, thread_due_at = r.available_at,
+                   available_at = '9999-01-01 00:00:00+00'::timestamptz
+             WHERE r.id = NEW.id AND r.status = 'pending';
+        END IF;
+        RETURN NULL;
+    END IF;
+    UPDATE agent_run_threads t SET head_run_id = NULL, updated_at = v_ts
+     WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id
+       AND t.head_run_id = NEW.id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT r.id, r.pool, greatest(r.thread_due_at, v_ts) AS due INTO v_next
+      FROM agent_runs r
+     WHERE r.tenant_id = NEW.tenant_id AND r.thread_id = NEW.thread_id
+       AND r.thread_due_at IS NOT NULL AND r.status = 'pending'
+     ORDER BY r.thread_seq
+     LIMIT 1
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    UPDATE agent_runs r SET available_at = v_next.due, thread_due_at = NULL
+     WHERE r.id = v_next.id;
+    UPDATE agent_run_threads t SET head_run_id = v_next.id
+     WHERE t.tenant_id = NEW.tenant_id AND t.thread_id = NEW.thread_id;
+    IF v_next.due <= v_ts THEN
+        -- The pool's claimers (db/channels.py, POOL_CHANNEL_PREFIX).
+        PERFORM pg_notify('runlease_pool_' || v_next.pool, v_next.pool);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER agent_runs_thread_advance
+    AFTER UPDATE OF status ON agent_runs
+    FOR EACH ROW
+    WHEN (NEW.thread_id IS NOT NULL
+          AND (OLD.finished_at IS NULL) <> (NEW.finished_at IS NULL))
+    EXECUTE FUNCTION runlease_thread_advance();
+
+
+-- Concurrency keys (issue 27, migration 0017): a pool's limit for a key (its
+-- own row, else the pool's default '*', else NULL: unlimited).
+CREATE OR REPLACE FUNCTION runlease_key_limit(p_pool text, p_key text) RETURNS integer
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT l.max_in_flight FROM agent_run_key_limits l
+                  WHERE l.pool = p_pool AND l.key = p_key),
+                (SELECT l.max_in_flight FROM agent_run_key_limits l
+                  WHERE l.pool = p_pool AND l.key = '*'));
+
+-- A run just inserted (same transaction) joins its key: it takes a slot
+-- when the key is under its limit, and is parked otherwise (out of every
+-- claim path until a slot is handed to it). Under the key's row lock, so
+-- `active` (the runs holding a slot) never passes the limit. Returns
+-- whether the run was parked.
+CREATE OR REPLACE FUNCTION runlease_key_join(p_run uuid, p_key text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run    record;
+    v_active integer;
+    v_limit  integer;
+BEGIN
+    UPDATE agent_runs r SET concurrency_key = p_key
+     WHERE r.id = p_run AND r.status = 'pending' AND r.concurrency_key IS NULL
+    RETURNING r.pool, r.tenant_id INTO v_run;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO agent_run_keys (pool, tenant_id, key) VALUES (v_run.pool, v_run.tenant_id, p_key)
+        ON CONFLICT DO NOTHING;
+    SELECT k.active INTO v_active FROM agent_run_keys k
+     WHERE k.pool = v_run.pool AND k.tenant_id = v_run.tenant_id AND k.key = p_key
+       FOR UPDATE;
+    v_limit := runlease_key_limit(v_run.pool, p_key);
+    IF v_limit IS NULL OR v_active < v_limit THEN
+        UPDATE agent_run_keys k SET active = k.active + 1
+         WHERE k.pool = v_run.pool AND k.tenant_id = v_run.tenant_id AND k.key = p_key;
+        RETURN false;
+    END IF;
+    UPDATE agent_runs r
+       SET delayed = true, key_due_at = r.available_at,
+           available_at = '9999-01-01 00:00:00+00'::timestamptz
+     WHERE r.id = p_run;
+    RETURN true;
+END;
+$$;
+
+-- A run of a key that held a slot finishes (done, dead, cancelled): the
+-- slot goes to the key's oldest parked run while the key is within its
+-- limit (due at max(its own due time, the finish)), else it is freed. A
+-- parked run that finishes (a cancel) held none. A run back from a final
+-- state (redrive) takes a slot again, or is parked. As runlease_thread_advance.
+CREATE OR REPLACE FUNCTION runlease_key_release() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ts     timestamptz := coalesce(NEW.finished_at, NEW.updated_at, now());
+    v_active integer;
+    v_limit  integer;
+    v_next   record;
+BEGIN
+    IF NEW.finished_at IS NOT NULL AND OLD.key_due_at IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO agent_run_keys (pool, tenant_id, key)
+    VALUES (NEW.pool, NEW.tenant_id, NEW.concurrency_key)
+        ON CONFLICT DO NOTHING;
+    SELECT k.active INTO v_active FROM agent_run_keys k
+     WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id AND k.key = NEW.concurrency_key
+       FOR UPDATE;
+    v_limit := runlease_key_limit(NEW.pool, NEW.concurrency_key);
+    IF NEW.finished_at IS NULL THEN
+        IF v_limit IS NULL OR v_active < v_limit THEN
+            UPDATE agent_run_keys k SET active = k.active + 1
+             WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id
+               AND k.key = NEW.concurrency_key;
+        ELSE
+            UPDATE agent_runs r
+               SET delayed = true, key_due_at = r.available_at,
+                   available_at = '9999-01-01 00:00:00+00'::timestamptz
+             WHERE r.id = NEW.id AND r.status = 'pending';
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF v_limit IS NULL OR v_active <= v_limit THEN
+        SELECT r.id, r.pool, greatest(r.key_due_at, v_ts) AS due INTO v_next
+          FROM agent_runs r
+         WHERE r.pool = NEW.pool AND r.tenant_id = NEW.tenant_id
+           AND r.concurrency_key = NEW.concurrency_key
+           AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+         ORDER BY r.id
+         LIMIT 1
+           FOR UPDATE;
+        IF FOUND THEN
+            UPDATE agent_runs r SET available_at = v_next.due, key_due_at = NULL
+             WHERE r.id = v_next.id;
+            IF v_next.due <= v_ts THEN
+                PERFORM pg_notify('runlease_pool_' || v_next.pool, v_next.pool);
+            END IF;
+            RETURN NULL;  -- the slot passed over: active unchanged
+        END IF;
+    END IF;
+    UPDATE agent_run_keys k SET active = greatest(k.active - 1, 0)
+     WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id AND k.key = NEW.concurrency_key;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER agent_runs_key_release
+    AFTER UPDATE OF status ON agent_runs
+    FOR EACH ROW
+    WHEN (NEW.concurrency_key IS NOT NULL
+          AND (OLD.finished_at IS NULL) <> (NEW.finished_at IS NULL))
+    EXECUTE FUNCTION runlease_key_release();
+
+-- A pool's key limits were raised (or removed): its keys with parked runs
+-- and free slots hand them out now, a bounded batch of keys per call (the
+-- keys found by a loose index scan of agent_runs_key_parked_idx). Returns
+-- how many runs it unparked.
+CREATE OR REPLACE FUNCTION runlease_key_refill(p_pool text, p_batch integer, p_now timestamptz)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key    record;
+    v_active integer;
+    v_limit  integer;
+    v_moved  integer := 0;
+    v_n      integer;
+BEGIN
+    FOR v_key IN
+        WITH RECURSIVE keys AS (
+            (SELECT r.tenant_id, r.concurrency_key FROM agent_runs r
+              WHERE r.pool = p_pool AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+              ORDER BY r.tenant_id, r.concurrency_key LIMIT 1)
+            UNION ALL
+            SELECT n.tenant_id, n.concurrency_key
+              FROM keys k
+             CROSS JOIN LATERAL (
+                    SELECT r.tenant_id, r.concurrency_key FROM agent_runs r
+                     WHERE r.pool = p_pool AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+                       AND (r.tenant_id, r.concurrency_key) > (k.tenant_id, k.concurrency_key)
+                     ORDER BY r.tenant_id, r.concurrency_key LIMIT 1) n
+        )
+        SELECT * FROM keys LIMIT p_batch
+    LOOP
+        SELECT k.active INTO v_active FROM agent_run_keys k
+         WHERE k.pool = p_pool AND k.tenant_id = v_key.tenant_id AND k.key = v_key.concurrency_key
+           FOR UPDATE;
+        v_limit := runlease_key_limit(p_pool, v_key.concurrency_key);
+        WITH next AS (
+            SELECT r.id FROM agent_runs r
+             WHERE r.pool = p_pool AND r.tenant_id = v_key.tenant_id
+               AND r.concurrency_key = v_key.concurrency_key
+               AND r.key_due_at IS NOT NULL AND r.status = 'pending'
+             ORDER BY r.id
+             LIMIT CASE WHEN v_limit IS NULL THEN NULL
+                        ELSE greatest(v_limit - coalesce(v_active, 0), 0) END
+               FOR UPDATE
+        ), moved AS (
+            UPDATE agent_runs r
+               SET available_at = greatest(r.key_due_at, coalesce(p_now, now())), key_due_at = NULL
+              FROM next WHERE r.id = next.id
+            RETURNING r.id
+        )
+        SELECT count(*) INTO v_n FROM moved;
+        UPDATE agent_run_keys k SET active = k.active + v_n
+         WHERE k.pool = p_pool AND k.tenant_id = v_key.tenant_id AND k.key = v_key.concurrency_key;
+        v_moved := v_moved + v_n;
+    END LOOP;
+    IF v_moved > 0 THEN
+        PERFORM pg_notify('runlease_pool_' || p_pool, p_pool);
+    END IF;
+    RETURN v_moved;
 END;
 $$;
 

@@ -139,7 +139,7 @@ SELECT * FROM agent_runs
 -- LeaseStore.claim). lease_until: the incarnation's expiry when it claimed.
 SELECT id, pool, tenant_id, priority, attempts, max_attempts, lease_epoch, lease_until,
        cancel_requested_at, input_json::text AS input_json, budget_json::text AS budget_json,
-       created_at, available_at, updated_at
+       created_at, available_at, updated_at, thread_id
   FROM runlease_claim(%(pool)s, %(worker)s, %(n)s, %(now)s::timestamptz)
  ORDER BY nth;
 
