@@ -221,3 +221,4 @@ async def test_an_enqueue_reads_its_lanes_heads_only(stale_store: RegisteringSto
     assert len(results) == 300
     # Three lanes: each its tenant's line end and the pool's head, a descent each.
     _no_backlog_read(found, 50)
+
