@@ -42,6 +42,7 @@ from runlease.db.folder_lock import FolderLock
 from runlease.db.migrate import migrate
 from runlease.settings import ApiSettings
 from runlease.worker import sandbox, toolenv
+from runlease.worker.toolguard import PR_SET_PDEATHSIG, prctl
 
 TOKEN_VARS = ("RUNLEASE_DEV_TOKENS", "RUNLEASE_ADMIN_TOKEN")
 
@@ -114,7 +115,8 @@ class WorkerFleet:
             log = (self.log_dir / f"worker-{i}.log").open("ab")
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "runlease", "worker"], env=env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True))
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_drain_when_dev_dies))
             log.close()
 
     def alive(self) -> int:
@@ -136,6 +138,13 @@ class WorkerFleet:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait(5)
+
+
+def _drain_when_dev_dies() -> None:
+    """In a dev worker before it runs: SIGTERM (its drain) when `runlease dev`
+    dies, even by kill -9, so no worker outlives its stack and its database
+    (orphans were left retrying a database that was gone)."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def tokens_for(opts: DevOptions) -> tuple[TokenRegistry, dict[str, str], str]:

@@ -339,3 +339,36 @@ def test_a_dev_stack_tool_finds_no_token_and_cannot_log_in(dev: Dev) -> None:
     assert password not in text
     assert "listed no such dir" in text or "listed []" in text
     assert "answer R 10" in text, text[-2000:]  # SASL: the password is wanted
+
+
+def _children(pid: int, *, named: str) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and named in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_no_dev_worker_outlives_a_killed_dev(dev: Dev) -> None:
+    """kill -9 of `runlease dev` (what this file's fixture does at the end):
+    its workers used to live on, orphaned, retrying a database that was gone."""
+    assert dev.proc is not None
+    workers = _children(dev.proc.pid, named="runlease worker")
+    assert workers, "runlease dev started no worker"
+    dev.proc.kill()
+    dev.proc.wait(10)
+    until_sync(lambda: not any(_running(p) for p in workers), timeout_s=30,
+               what="the dev stack's workers to exit after it was killed")

@@ -92,17 +92,22 @@ class LeaseKeeper(Service):
         now = self.clock.monotonic()
         next_beat = now if self.holder.current is None else now + self.interval_s
         beat: asyncio.Task[bool] | None = None
+        failed = False
         try:
             while not self.stopping.is_set():
                 self.last_loop = now = self.clock.monotonic()
                 if beat is not None and beat.done():
                     ok = not beat.cancelled() and beat.result()
                     beat = None
+                    failed = not ok
                     # After a failure, try again soon: the fence deadline approaches.
                     next_beat = now + (self.interval_s if ok else min(1.0, self.interval_s))
                 self.fence(now)
                 inc = self.holder.current
-                if beat is None and (now >= next_beat or inc is None):
+                # An incarnation that just ended is replaced at once; after a
+                # failed try (the database unreachable), only when due: a
+                # retry at every wake-up spun a core while the database was gone.
+                if beat is None and (now >= next_beat or (inc is None and not failed)):
                     beat = asyncio.create_task(self.beat(), name="heartbeat")
                     beat.add_done_callback(lambda _: self.wakeup.set())
                     next_beat = now + self.interval_s

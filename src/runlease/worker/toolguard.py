@@ -46,7 +46,7 @@ PR_SET_CHILD_SUBREAPER = 36
 KILL_ROUNDS = 1000  # each round kills what the last one's deaths reparented to us
 
 
-def _prctl(option: int, value: int) -> bool:
+def prctl(option: int, value: int) -> bool:
     """prctl(2); False where there is none (not Linux): the guard then still
     kills its group when the worker dies, but cannot hold what leaves it."""
     try:
@@ -79,7 +79,7 @@ def _start(argv: list[str], guard: int) -> tuple[int, int]:
     if pid == 0:  # the tool, until exec
         try:
             os.close(err_r)
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != guard:  # the guard died before the line above
                 os._exit(137)
             # Python ignores these, and an ignored signal stays ignored across
@@ -183,11 +183,11 @@ def main(args: list[str]) -> int:
     guard = os.getpid()
     os.set_inheritable(lifeline, False)
     os.set_inheritable(status, False)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     # The tool runs as the guard's user: non-dumpable, the guard's /proc/<pid>/fd
     # (the status pipe: a forged "exit") and memory are closed to it. exec
     # makes the tool dumpable again.
-    _prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_DUMPABLE, 0)
     # Handlers, not SIG_IGN: the tool gets SIG_DFL back at exec.
     signal.signal(signal.SIGTERM, lambda *_: _terminate_escaped(guard))
     signal.signal(signal.SIGUSR1, lambda *_: _kill_everything(guard))
