@@ -56,7 +56,9 @@ async def test_tenant_id_the_token_may_not_use_is_a_documented_403(api: Api) -> 
     assert "403" in submit["responses"]
     tenant = spec["components"]["schemas"]["RunCreate"]["properties"]["tenant_id"]
     assert "403" in tenant["description"]
-    assert tenant["anyOf"][0]["pattern"] == r"^[^\x00-\x20\x7f]+$"
+    # No space or control character, and not `*` alone (reserved: issue 32).
+    assert tenant["anyOf"][0]["pattern"] == (
+        r"^([^\x00-\x20\x7f*][^\x00-\x20\x7f]*|\*[^\x00-\x20\x7f]+)$")
 
 
 async def test_unknown_pool_on_submit_is_a_404_naming_the_pool(api: Api) -> None:

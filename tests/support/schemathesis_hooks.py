@@ -7,6 +7,8 @@ description and refused by the server with a 422 that names the field.
   cannot store one), at any depth: a schema would need a recursive
   definition, which generators do not follow.
 - A priority band has `min` <= `max`: a rule between two fields.
+- A batch's runs name pools that exist (a pool is data: a batch naming an
+  unknown one is refused whole with a 422 naming each such item).
 - A debounce's `max_delay_s` is at least its `window_s`: a rule between two fields.
 - A run's `run_at` is at most 366 days ahead (of now, which a schema
   cannot name).
@@ -99,9 +101,18 @@ def filter_query(ctx: Any, query: Any) -> bool:
     return not (isinstance(query, dict) and _bad_span(query))
 
 
+def _batch_to_unknown_pool(body: dict[str, Any]) -> bool:
+    # A pool is data, not schema: a batch naming one that does not exist is
+    # refused whole, 422 naming each such item (a single submit: 404).
+    items = body.get("runs")
+    return isinstance(items, list) and any(
+        isinstance(item, dict) and item.get("pool") not in (None, "default")
+        for item in items)
+
+
 @schemathesis.hook
 def filter_body(ctx: Any, body: Any) -> bool:
     if not isinstance(body, dict):
         return True
-    return not (_has_nul(body) or _inverted_band(body)
+    return not (_has_nul(body) or _inverted_band(body) or _batch_to_unknown_pool(body)
                 or _bad_cron(body) or _far_run_at(body) or _short_debounce(body))
