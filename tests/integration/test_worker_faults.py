@@ -146,7 +146,10 @@ def test_the_reaper_has_one_leader_and_hands_over_on_kill_9(db_url: str, workers
                              " WHERE name = 'reaper' AND expires_at > now()")
         return rows[0][0] if rows else None
 
-    first = until_sync(leader, what="a leader")
+    try:
+        first = until_sync(leader, what="a leader")
+    except AssertionError as exc:  # seen once in a full run: say what the workers did
+        raise AssertionError(f"{exc}\n--- a:\n{a.log()}\n--- b:\n{b.log()}") from exc
     holders = set()
     for _ in range(20):  # one leader, the same one, while both live
         holders.add(leader())
