@@ -47,6 +47,7 @@ from enum import StrEnum
 class RunStatus(StrEnum):
     PENDING = "pending"
     LEASED = "leased"
+    WAITING = "waiting"  # for a person's input (issue 28): no lease, no slot
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
@@ -68,7 +69,7 @@ class Outcome(StrEnum):
     DEAD = "dead"
     CANCELLED = "cancelled"
     RELEASED = "released"  # drained: back to pending, the attempt not charged
-    WAITING = "waiting"  # parked for its children: pending, the attempt not charged
+    WAITING = "waiting"  # parked for its children or a person: the attempt not charged
     LEASE_LOST = "lease_lost"
     SELF_FENCED = "self_fenced"
     UNKNOWN = "unknown"  # the worker itself failed; logged with its traceback
@@ -85,6 +86,8 @@ class ErrorCode(StrEnum):
     RETRYABLE = "retryable"
     FATAL = "fatal"
     TOOL_TIMEOUT = "tool_timeout"
+    # A request for a person's input timed out and the agent did not catch it.
+    INPUT_TIMEOUT = "input_timeout"
     UNEXPECTED = "unexpected"
     # A result or step the store refused: each ends its own run, never a batch.
     RESULT_TOO_LARGE = "result_too_large"
