@@ -41,11 +41,13 @@ async def test_a_waiting_run_holds_no_slot_and_resumes_once_with_the_answer(
         first = await client.submit({"steps": [{"emit": {"text": "before"}}, APPROVE,
                                                {"emit": {"text": "after"}}]}, max_attempts=1)
         seen = await waiting(client, first.id)
-        assert seen.lease is None and seen.attempts == 0
+        assert seen.lease is None
+        assert seen.attempts == 0
         other = await client.submit({"steps": [{"sleep": 0.01}]})
         assert (await client.wait(other.id, timeout_s=30)).status == "done"
         [request] = await client.input_requests(first.id)
-        assert request["open"] and request["prompt"] == "Deploy to production?"
+        assert request["open"]
+        assert request["prompt"] == "Deploy to production?"
         assert request["schema"] == {"type": "boolean"}
         assert request["resume_url"].startswith(api.url + "/v1/resume/")
         answered = await client.give_input(first.id, "approve", True)
@@ -96,7 +98,8 @@ async def test_answers_are_checked_and_another_tenant_sees_nothing(
         assert wrong_type.status_code == 422
         never = await http.post(f"/v1/runs/{run.id}/input", headers=hdr,
                                 json={"name": "other", "value": 1})
-        assert never.status_code == 409 and never.json()["error"]["code"] == "input_refused"
+        assert never.status_code == 409
+        assert never.json()["error"]["code"] == "input_refused"
         odd = await http.post(f"/v1/runs/{run.id}/input", headers=hdr,
                               json={"name": "../../etc", "value": 1})
         assert odd.status_code == 422
@@ -120,8 +123,10 @@ async def test_a_resume_link_works_once_and_cannot_be_forged(
         [request] = await acme.input_requests(run.id)
         url = request["resume_url"]
         page = await http.get(url)  # what a link preview fetches: changes nothing
-        assert page.status_code == 200 and "Deploy to production?" in page.text
-        assert "Approve" in page.text and "Deny" in page.text
+        assert page.status_code == 200
+        assert "Deploy to production?" in page.text
+        assert "Approve" in page.text
+        assert "Deny" in page.text
         assert (await acme.get(run.id)).status == "waiting"
         token = url.rsplit("/", 1)[1]
         payload, mac = token.split(".")
@@ -132,7 +137,8 @@ async def test_a_resume_link_works_once_and_cannot_be_forged(
             assert answer.status_code in (404, 410), (bad, answer.text)
         # The browser's form post, no token.
         done = await http.post(url, data={"value": "true"})
-        assert done.status_code == 200 and "Thank you" in done.text
+        assert done.status_code == 200
+        assert "Thank you" in done.text
         reused = await http.post(url, data={"value": "false"})
         assert reused.status_code == 409
         assert "once" in reused.text
@@ -148,7 +154,8 @@ async def test_cancel_of_a_waiting_run_ends_it_at_once(api: Api, db_url: str) ->
         run = await acme.submit({"steps": [APPROVE]})
         await waiting(acme, run.id)
         cancelled = await acme.cancel(run.id)
-        assert cancelled.status == "cancelled" and cancelled.finished_at is not None
+        assert cancelled.status == "cancelled"
+        assert cancelled.finished_at is not None
         with pytest.raises(Conflict):
             await acme.give_input(run.id, "approve", True)
 
@@ -170,7 +177,8 @@ async def test_a_message_reaches_the_agent_once_and_a_chat_message_answers_a_fre
         assert sent["seq"] == 1
         await waiting(acme, run.id)
         chat = await acme.send_message(run.id, "ship it")
-        assert chat["answered_input"] == "reply" and chat["seq"] is None
+        assert chat["answered_input"] == "reply"
+        assert chat["seq"] is None
         final = await acme.wait(run.id, timeout_s=30)
         inbox = await acme.messages(run.id)
     assert final.status == "done", final.error_message
@@ -191,9 +199,11 @@ async def test_a_flood_of_messages_is_bounded(api: Api, db_url: str) -> None:
             http.post(f"/v1/runs/{run.id}/messages", json={"text": f"m{i}"})
             for i in range(130)))
         codes = sorted(a.status_code for a in answers)
-        assert codes.count(202) == 100 and codes.count(429) == 30
+        assert codes.count(202) == 100
+        assert codes.count(429) == 30
         refused = next(a for a in answers if a.status_code == 429)
-        assert refused.headers["Retry-After"] and refused.json()["error"]["code"] == \
+        assert refused.headers["Retry-After"]
+        assert refused.json()["error"]["code"] == \
             "inbox_full"
         big = await http.post(f"/v1/runs/{run.id}/messages", json={"text": "x" * 40_000})
         assert big.status_code == 422
@@ -224,7 +234,8 @@ async def test_rerun_from_a_step_runs_no_step_before_it(
             await globex.rerun(failed.id, from_step="2")
         fixed = {"steps": [*steps[:2], record("deploy")]}
         again = await acme.rerun(failed.id, from_step="2", input=fixed)
-        assert again.rerun_of == failed.id and again.tenant_id == "acme"
+        assert again.rerun_of == failed.id
+        assert again.tenant_id == "acme"
         done = await acme.wait(again.id, timeout_s=30)
         # From scratch (no from_step): every step runs again.
         fresh = await admin.rerun(again.id)
@@ -233,7 +244,8 @@ async def test_rerun_from_a_step_runs_no_step_before_it(
     assert log.read_text().split() == ["fetch", "build", "deploy", "fetch", "build", "deploy"]
     copied = await live_store.get_steps(again.id)
     assert sorted(copied) == ["0", "1", "2"]
-    assert copied["0"].attempt == 0 and copied["2"].attempt == 1
+    assert copied["0"].attempt == 0
+    assert copied["2"].attempt == 1
 
 
 async def test_steer_sends_the_submit_into_the_active_runs_inbox(

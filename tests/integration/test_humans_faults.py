@@ -21,8 +21,8 @@ from tests.support.workers import HOST_FILES
 
 pytestmark = pytest.mark.slow
 
-FAST = {"agent": "runlease.agents.script:agent", "lease_s": 2, "heartbeat_interval_s": 0.5, "poll_interval_s": 0.5,
-        "reaper_interval_s": 0.5, "leader_ttl_s": 2, **HOST_FILES}
+FAST = {"agent": "runlease.agents.script:agent", "lease_s": 2, "heartbeat_interval_s": 0.5,
+        "poll_interval_s": 0.5, "reaper_interval_s": 0.5, "leader_ttl_s": 2, **HOST_FILES}
 
 
 @pytest.fixture
@@ -94,7 +94,8 @@ async def test_a_run_waits_through_kill_9_and_long_past_its_lease_then_goes_on_o
         kinds = [e.kind for e in await store.events_after(run.id)]
     assert final.attempts == 1
     assert log.read_text().split() == ["before", "other", "after"]
-    assert kinds.count("input.answered") == 1 and "run.reaped" not in kinds
+    assert kinds.count("input.answered") == 1
+    assert "run.reaped" not in kinds
     del second
     assert query(db_url, "SELECT count(*) FROM agent_run_steps WHERE run_id = %s "
                          "AND step_key = 'input:approve'", run.id) == [(1,)]
@@ -135,5 +136,7 @@ async def test_messages_reach_the_agent_once_across_a_reclaim_by_another_worker(
         final = await store.get(run.id)
     assert steps["0"].result["message"]["text"] == "first"
     assert steps["2"].result["message"]["text"] == "second"
-    assert steps["message:1"].attempt == 1 and steps["message:2"].attempt == 2
-    assert final.attempts == 2 and (final.inbox_seq, final.inbox_read) == (2, 2)
+    assert steps["message:1"].attempt == 1
+    assert steps["message:2"].attempt == 2
+    assert final.attempts == 2
+    assert (final.inbox_seq, final.inbox_read) == (2, 2)

@@ -9,6 +9,7 @@ import asyncio
 from datetime import timedelta
 
 import psycopg
+import pytest
 
 from runlease.db.humans import InputRefused
 from runlease.errors import InvalidTransition
@@ -57,7 +58,8 @@ async def test_concurrent_answers_and_a_cancel_apply_one_outcome(
         if results.count("resumed") == 1:
             # Once: one step, one event; repeats of the same value are no-ops,
             # the other value refused, the cancel then requested or applied.
-            assert len(answered) == 1 and "input:approve" in steps
+            assert len(answered) == 1
+            assert "input:approve" in steps
             value = answered[0].data["value"]
             assert steps["input:approve"].result == {"value": value}
             assert results.count("refused") >= 1
@@ -65,8 +67,10 @@ async def test_concurrent_answers_and_a_cancel_apply_one_outcome(
             outcomes["answered"] = outcomes.get("answered", 0) + 1
         else:
             # The cancel came first: no answer applied, nothing to resume.
-            assert results[4] == "cancelled" and run.status == "cancelled"
-            assert answered == [] and "input:approve" not in steps
+            assert results[4] == "cancelled"
+            assert run.status == "cancelled"
+            assert answered == []
+            assert "input:approve" not in steps
             assert set(results[:4]) == {"refused"}
             outcomes["cancelled"] = outcomes.get("cancelled", 0) + 1
     assert sum(outcomes.values()) == 25
@@ -98,15 +102,12 @@ async def test_a_request_times_out_once_and_the_next_attempt_sees_it(
     assert (rid, pool, tenant, name) == (run_id, "default", "acme", "approve")
     assert await store.time_out_inputs() == []  # once
     run = await store.get(run_id)  # type: ignore[arg-type]
-    assert run.status == "pending" and run.available_at <= clock.db_now()  # type: ignore[attr-defined]
+    assert run.status == "pending"
+    assert run.available_at <= clock.db_now()
     steps = await store.get_steps(run_id)  # type: ignore[arg-type]
     assert steps["input:approve"].result == {"timed_out": True}
-    try:
+    with pytest.raises(InputRefused, match="timed out"):
         await store.give_input(run_id, "approve", True, tenant_id="acme")  # type: ignore[arg-type]
-    except InputRefused as exc:
-        assert "timed out" in str(exc)
-    else:
-        raise AssertionError("a timed-out request took an answer")
 
 
 async def test_a_cancelled_runs_request_is_closed_by_the_timeout_pass(
@@ -128,5 +129,22 @@ async def test_an_answer_waits_for_nothing_held(store: RegisteringStore, clock: 
     clock.advance(3600)  # type: ignore[attr-defined]
     assert await store.give_input(run_id, "approve", False)  # type: ignore[arg-type]
     [lease] = await store.claim("default", "w-next")
-    assert lease.run_id == run_id and lease.run.attempts == 1
+    assert lease.run_id == run_id
+    assert lease.run.attempts == 1
     assert (await store.get(run_id)).available_at <= clock.db_now() + timedelta(0)  # type: ignore[arg-type,attr-defined]
+
+
+async def test_waiting_runs_are_counted_as_waiting_not_pending(
+    store: RegisteringStore, clock: object
+) -> None:
+    await parked(store, "w1")
+    await parked(store, "w2", tenant="globex")
+    await store.enqueue("default", "acme", {"steps": []})
+    for _ in range(2):  # before and after the leader's fold
+        stats = await store.queue_stats("default")
+        assert stats.waiting_by_tenant == {"acme": 1, "globex": 1}
+        assert stats.by_tenant["acme"][:2] == (1, 1)  # the one pending run only
+        assert stats.pending == 1
+        counts = await store.status_counts(tenant_id="acme")
+        assert counts.by_status == {"pending": 1, "waiting": 1}
+        await store.fold_counts()

@@ -53,7 +53,8 @@ CREATE TABLE agent_run_inputs (
     answered_at  timestamptz,
     outcome      text        CHECK (outcome IN ('answered', 'timed_out', 'closed')),
     value        jsonb,
-    answered_by  text        CHECK (answered_by IN ('api', 'url', 'message', 'timeout', 'end')),
+    answered_by  text        CHECK (answered_by IN ('api', 'url', 'message', 'console', 'timeout',
+                                                     'end')),
     PRIMARY KEY (run_id, name),
     CONSTRAINT agent_run_inputs_outcome_iff_answered
         CHECK ((answered_at IS NULL) = (outcome IS NULL))
