@@ -274,3 +274,41 @@ async def test_steer_sends_the_submit_into_the_active_runs_inbox(
     steps = await live_store.get_steps(active.id)
     assert steps["0"].result["message"]["text"] == "actually, use Postgres 17"
     assert [r.id for r in runs] == [active.id]  # no run was made
+
+
+async def test_the_cli_asks_answers_messages_and_reruns(api: Api, db_url: str) -> None:
+    from click.testing import CliRunner
+
+    from runlease.cli import main as cli
+
+    async def cli_run(*args: str) -> Any:
+        return await asyncio.to_thread(CliRunner().invoke, cli, [
+            *args, "--api-url", api.url, "--token", api.token("acme")])
+
+    async with AsyncClient(api.url, api.token("acme")) as acme, \
+            running_worker(db_url, concurrency=2):
+        run = await acme.submit({"steps": [APPROVE, {"receive": {"timeout_s": 30}}]})
+        await waiting(acme, run.id)
+        listed = await cli_run("runs", "input", str(run.id))
+        assert listed.exit_code == 0, listed.output
+        assert "approve" in listed.stdout
+        assert "/v1/resume/" in listed.stdout
+        bad = await cli_run("runs", "input", str(run.id), "--name", "approve")
+        assert bad.exit_code == 2  # --name without --value: a usage error
+        answered = await cli_run("runs", "input", str(run.id), "--name", "approve", "--value",
+                             "true")
+        assert answered.exit_code == 0, answered.output
+        assert "resumes" in answered.stdout
+        async def leased() -> bool:
+            return (await acme.get(run.id)).status == "leased"
+        await until(leased, what="the run to go on")
+        sent = await cli_run("runs", "message", str(run.id), "all good", "--data", '{"n": 1}')
+        assert sent.exit_code == 0, sent.output
+        assert "message 1" in sent.stdout
+        assert (await acme.wait(run.id, timeout_s=30)).status == "done"
+        inbox = await cli_run("runs", "messages", str(run.id))
+        assert "all good" in inbox.stdout
+        again = await cli_run("runs", "rerun", str(run.id), "--from-step", "message:1", "-o",
+                          "json")
+        assert again.exit_code == 0, again.output
+        assert '"rerun_of"' in again.stdout

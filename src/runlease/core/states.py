@@ -32,6 +32,13 @@ is the fencing token minted by every claim.
     reap       incarnation expired -> ended (it never renews again); in the same
                transaction its leased runs -> pending, or dead ('lease_expired') at max
     redrive    dead -> pending, attempts reset
+    wait       leased & mine -> waiting (ctx.wait_for_input): no lease, no slot, the
+               attempt not charged; never claimed nor reaped
+    answer     waiting & asked for <name> -> pending now, the answer committed as the
+               step 'input:<name>' in the same statement, once
+    timeout    waiting past the request's time -> pending, the step = {"timed_out": true}
+    cancel     waiting -> cancelled at once (as pending)
+    message    pending, leased or waiting -> appended to the inbox; the holder is woken
 
 "mine" is the fencing triple (locked_by, lease_epoch, status = 'leased') with
 the holder's incarnation live by the database clock; a write that matches zero
