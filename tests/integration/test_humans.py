@@ -312,3 +312,27 @@ async def test_the_cli_asks_answers_messages_and_reruns(api: Api, db_url: str) -
                           "json")
         assert again.exit_code == 0, again.output
         assert '"rerun_of"' in again.stdout
+
+
+async def test_an_expired_link_and_a_timed_out_wait(api: Api, db_url: str) -> None:
+    """A request with timeout_s: its link expires with it (410), and the
+    reaper's pass resumes the run, whose wait raises InputTimeout: dead with
+    input_timeout, as the script agent does when it does not go on."""
+    async with AsyncClient(api.url, api.token("acme")) as acme, httpx.AsyncClient() as http, \
+            running_worker(db_url, concurrency=1):
+        run = await acme.submit({"steps": [{"input": {"name": "approve", "timeout_s": 1}}]},
+                                max_attempts=1)
+        await waiting(acme, run.id)
+        [request] = await acme.input_requests(run.id)
+        final = await acme.wait(run.id, timeout_s=30)
+        expired = await http.get(request["resume_url"])
+        late = await http.post(request["resume_url"], json={"value": "yes"})
+        [closed] = await acme.input_requests(run.id)
+    assert final.status == "dead"
+    assert final.error_code == "input_timeout"
+    assert final.attempts == 1  # the wait charged none; the timed-out attempt did
+    assert expired.status_code == 410
+    assert late.status_code == 410
+    assert closed["outcome"] == "timed_out"
+    assert closed["answered_by"] == "timeout"
+    assert closed["resume_url"] is None

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from runlease.db.humans import InputRefused
+from runlease.db.keys import KeyLimits
 from runlease.errors import InvalidTransition
 from tests.support.databases import RegisteringStore
 
@@ -148,3 +149,60 @@ async def test_waiting_runs_are_counted_as_waiting_not_pending(
         counts = await store.status_counts(tenant_id="acme")
         assert counts.by_status == {"pending": 1, "waiting": 1}
         await store.fold_counts()
+
+
+async def test_a_waiting_run_is_its_threads_active_run(store: RegisteringStore,
+                                                     db_url: str) -> None:
+    """Invariant 11 with waiting: the thread's next run starts only when the
+    waiting one finishes, and the database refuses a second active run."""
+    from runlease.db.runs import NewRun
+
+    async def to_thread(text: str) -> object:
+        async with store.connection() as conn, conn.transaction():
+            joined = await store.submit_to_thread("default", NewRun("acme", {"t": text}),
+                                                  "conv-1", conn=conn)
+        return joined.result.run.id
+
+    first = await to_thread("first")
+    [lease] = await store.claim("default", "w1")
+    assert lease.run_id == first
+    await store.wait_input(lease, "approve", prompt=None, schema=None, timeout_s=None)
+    second = await to_thread("second")
+    assert await store.claim("default", "w2") == []  # the thread is busy: waiting
+    with psycopg.connect(db_url, autocommit=True) as conn, \
+            pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute("UPDATE agent_runs SET status = 'waiting' WHERE id = %s", (second,))
+    assert await store.give_input(first, "approve", "go on")  # type: ignore[arg-type]
+    [again] = await store.claim("default", "w2")
+    assert again.run_id == first  # the head again, not the next run
+    await store.ack(again, {"ok": True})
+    [nxt] = await store.claim("default", "w3")
+    assert nxt.run_id == second
+
+
+async def test_a_waiting_run_gives_its_key_slot_to_the_next(store: RegisteringStore) -> None:
+    """A waiting run holds no concurrency-key slot either: the key's parked
+    run takes it; the answer takes one again, or parks the answered run."""
+    from runlease.db.runs import NewRun
+
+    await store.replace_key_limits("default", KeyLimits(default=1))
+
+    async def keyed(text: str) -> object:
+        async with store.connection() as conn, conn.transaction():
+            (result,) = await store.enqueue_many("default", [NewRun("acme", {"t": text})],
+                                                 conn=conn)
+            run = await store.join_key(result.run.id, "repo-1", conn=conn)
+        return run.id
+
+    first, second = await keyed("first"), await keyed("second")
+    [lease] = await store.claim("default", "w1")
+    assert lease.run_id == first
+    assert await store.claim("default", "w2") == []  # the key is at its limit
+    await store.wait_input(lease, "approve", prompt=None, schema=None, timeout_s=None)
+    [nxt] = await store.claim("default", "w2")
+    assert nxt.run_id == second  # the slot went on
+    assert await store.give_input(first, "approve", "ok")  # type: ignore[arg-type]
+    assert await store.claim("default", "w3") == []  # answered, but parked: key full
+    await store.ack(nxt, {"ok": True})
+    [back] = await store.claim("default", "w3")
+    assert back.run_id == first
