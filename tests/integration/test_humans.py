@@ -336,3 +336,38 @@ async def test_an_expired_link_and_a_timed_out_wait(api: Api, db_url: str) -> No
     assert closed["outcome"] == "timed_out"
     assert closed["answered_by"] == "timeout"
     assert closed["resume_url"] is None
+
+
+async def test_waiting_runs_are_listed_and_dead_ones_rerun_in_bulk(api: Api, db_url: str) -> None:
+    from runlease.client import Client
+
+    async with AsyncClient(api.url, api.token("admin")) as admin, \
+            running_worker(db_url, concurrency=4):
+        asking = await admin.submit({"steps": [APPROVE]}, tenant_id="acme")
+        broken = [await admin.submit({"steps": [{"fail": "fatal"}]}, tenant_id="globex",
+                                     max_attempts=1) for _ in range(3)]
+        for run in broken:
+            assert (await admin.wait(run.id, timeout_s=30)).status == "dead"
+        await waiting(admin, asking.id)
+
+        def sync_view() -> tuple[list[Any], list[dict[str, Any]]]:
+            with Client(api.url, api.token("acme")) as acme:
+                return (acme.list(status="waiting").items, acme.input_requests(asking.id))
+        listed, requests = await asyncio.to_thread(sync_view)
+        assert [r.id for r in listed] == [asking.id]
+        assert requests[0]["open"]
+        async with httpx.AsyncClient(base_url=api.url) as http:
+            by_tenant = await http.post("/v1/runs/rerun", headers=api.headers("acme"),
+                                        json={"filter": {"status": ["dead"]}})
+            assert by_tenant.status_code == 403  # admin only
+            both = await http.post("/v1/runs/rerun", headers=api.headers("admin"),
+                                   json={"ids": [str(broken[0].id)],
+                                         "filter": {"status": ["dead"]}})
+            assert both.status_code == 422
+            bulk = await http.post("/v1/runs/rerun", headers=api.headers("admin"),
+                                   json={"filter": {"status": ["dead"], "tenant_id": "globex"}})
+            assert bulk.status_code == 201, bulk.text
+        items = bulk.json()["items"]
+        assert sorted(i["rerun_of"] for i in items) == sorted(str(r.id) for r in broken)
+        assert {i["run"]["tenant_id"] for i in items} == {"globex"}
+        await admin.cancel(asking.id)

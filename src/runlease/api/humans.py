@@ -25,13 +25,15 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from runlease.api.actions_schemas import RunFilterIn
 from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state
 from runlease.api.errors import ErrorAnswer
 from runlease.api.rates import submit_slot
 from runlease.api.resume_links import MAX_LINK_S, MAX_TOKEN_CHARS, LinkRefused, ResumeLinks
 from runlease.api.schemas import ErrorBody, RunOut
+from runlease.api.search import run_filter
 from runlease.core.states import RunStatus
 from runlease.db.humans import (
     MAX_MESSAGE_BYTES,
@@ -388,8 +390,16 @@ class RerunOut(BaseModel):
 
 
 class BulkRerunIn(BaseModel):
-    ids: list[UUID] = Field(min_length=1, max_length=MAX_BULK_RERUN)
+    ids: list[UUID] | None = Field(None, min_length=1, max_length=MAX_BULK_RERUN)
+    filter: RunFilterIn | None = Field(None, description="The runs list's filter: the "
+                                                         "newest 100 runs it matches.")
     from_step: str | None = Field(None, min_length=1, max_length=255)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> BulkRerunIn:
+        if (self.ids is None) == (self.filter is None):
+            raise ValueError("give ids or filter, one of them")
+        return self
 
 
 class BulkRerunOut(BaseModel):
@@ -416,12 +426,19 @@ async def rerun(run_id: UUID, body: RerunIn, who: Who, store: Store, waker: Wake
 @router.post("/runs/rerun", status_code=201, response_model=BulkRerunOut,
              dependencies=[JsonBody], responses={**NOT_FOUND, **NEEDS_JSON})
 async def bulk_rerun(body: BulkRerunIn, who: Admin, store: Store, waker: Waker) -> BulkRerunOut:
-    """Rerun many runs at once (admin; at most 100 ids, each as its own
-    rerun, from the same step). Ids of runs that do not exist are a 404
-    naming the first; nothing is rerun then."""
+    """Rerun many runs at once (admin): by ids (at most 100) or by the runs
+    list's filter (its newest 100 matches), each as its own rerun, from the
+    same step. An id of no run is a 404; nothing is rerun then."""
     items: list[RerunOut] = []
+    ids = body.ids
+    if (f := body.filter) is not None:
+        where = run_filter(who, status=f.status, pool=f.pool, label=f.label,
+                           created_after=f.created_after, created_before=f.created_before,
+                           finished_after=f.finished_after, finished_before=f.finished_before,
+                           tenant=f.tenant_id)
+        ids = [r.id for r in await store.search(where, limit=MAX_BULK_RERUN)]
     async with store.connection() as conn, conn.transaction():
-        for run_id in dict.fromkeys(body.ids):
+        for run_id in dict.fromkeys(ids or []):
             run, copied = await store.rerun(run_id, from_step=body.from_step, conn=conn)
             items.append(RerunOut(run=RunOut.of(run, admin=True), rerun_of=run_id,
                                   steps_copied=copied))
