@@ -124,12 +124,14 @@ async def test_odd_thread_reads_are_refused_never_a_500(api: Api) -> None:
         assert (await http.get("/v1/runs", params={"thread_id": "c"})).status_code in (403, 422)
 
 
-async def test_a_batch_item_in_a_thread_is_refused(api: Api) -> None:
+async def test_a_batch_item_goes_into_its_thread(api: Api) -> None:
+    """Once refused (422); now as a single submit (test_keyed_paths.py has the rest)."""
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
         answer = await http.post("/v1/runs/batch", json={"runs": [
             {"input": {}}, {"input": {}, "thread_id": "c"}]})
-        assert answer.status_code == 422
-        assert answer.json()["error"]["field"] == "runs[1].thread_id"
+        assert answer.status_code == 201
+        thread = (await http.get("/v1/threads/c")).json()
+        assert thread["head_run_id"] == answer.json()["runs"][1]["id"]
 
 
 async def _echo_thread(ctx: RunContext) -> dict[str, object]:

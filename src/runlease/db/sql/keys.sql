@@ -42,3 +42,12 @@ SELECT coalesce((SELECT k.active FROM agent_run_keys k
        (SELECT count(*) FROM agent_runs r
          WHERE r.pool = %(pool)s AND r.tenant_id = %(tenant)s AND r.concurrency_key = %(key)s
            AND r.key_due_at IS NOT NULL AND r.status = 'pending') AS parked;
+
+
+-- name: key_lock
+-- The key's row (made on first use), locked for the transaction: a batch
+-- takes its keys' rows first, in one order (db/keyed.py, lock_keyed).
+INSERT INTO agent_run_keys AS k (pool, tenant_id, key)
+VALUES (%(pool)s, %(tenant)s, %(key)s)
+    ON CONFLICT (pool, tenant_id, key) DO UPDATE SET active = k.active
+RETURNING k.active;
