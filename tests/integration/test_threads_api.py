@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -51,17 +52,22 @@ async def test_reject_answers_409_naming_the_active_run(api: Api) -> None:
         assert [r["id"] for r in runs] == [first["id"]]  # the refused one left nothing
 
 
-async def test_interrupt_stops_the_active_run_inside_its_tool(api: Api, db_url: str) -> None:
-    plan = {"steps": [{"emit": {"text": "start"}}, {"shell": ["sh", "-c", "sleep 300"]}]}
+@pytest.mark.parametrize("policy", ["interrupt", "rollback"])
+async def test_interrupt_stops_the_active_run_inside_its_tool(api: Api, db_url: str,
+                                                              policy: str) -> None:
+    """Each interrupting policy over HTTP, the active run inside a tool: its
+    tool's process is gone, its committed step kept, the new run runs after."""
+    marker = f"{3100 + len(policy)}.5"  # this test's own sleep, to find its process
+    plan = {"steps": [{"emit": {"text": "start"}}, {"shell": ["sh", "-c", f"sleep {marker}"]}]}
     async with AsyncClient(api.url, api.token("acme")) as client, running_worker(db_url):
         old = await client.submit(plan, thread_id="c")
         await until(lambda: _leased(client, old.id))
-        async for _ in client.events(old.id):
-            break  # running
+        await until(lambda: _sleeping(marker))  # inside its tool
         new = await client.submit({"steps": [{"emit": {"n": 2}}]}, thread_id="c",
-                                  multitask="rollback")
+                                  multitask=policy)
         ended = await client.wait(old.id, timeout_s=30)
-        assert (ended.status, ended.rolled_back) == ("cancelled", True)
+        assert (ended.status, ended.rolled_back) == ("cancelled", policy == "rollback")
+        assert not await _sleeping(marker)  # the tool's process was killed
         done = await client.wait(new.id, timeout_s=30)
         assert (done.status, done.rolled_back) == ("done", False)
         assert done.finished_at is not None
@@ -71,6 +77,21 @@ async def test_interrupt_stops_the_active_run_inside_its_tool(api: Api, db_url: 
         assert thread["latest_run_id"] == str(new.id)
         kept = await client.steps(old.id)  # its committed step stays
         assert [s.key for s in kept.items] == ["0"]
+
+
+async def _sleeping(marker: str) -> bool:
+    return await asyncio.to_thread(_sleeping_now, marker)
+
+
+def _sleeping_now(marker: str) -> bool:
+    """Whether a process of this machine runs `sleep <marker>`."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes() == f"sleep\0{marker}\0".encode():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 async def _leased(client: AsyncClient, run_id: object) -> bool:

@@ -7,6 +7,7 @@ can import it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from runlease.db.connect import make_conn_pool
@@ -36,10 +37,8 @@ async def _claim_until(db_url: str, name: str, deadline: float) -> None:
             await _check_order(store, leases)
             await asyncio.sleep(0.25)  # the work: long enough for a kill to land on it
             for lease in leases:
-                try:
+                with contextlib.suppress(LeaseLost):  # reaped meanwhile: not ours any more
                     await store.ack(lease)
-                except LeaseLost:
-                    pass
 
 
 async def _check_order(store: RunStore, leases: list[Lease]) -> None:
