@@ -18,6 +18,7 @@ from runlease.errors import ValidationError
 from runlease.operator.gauges import export
 from runlease.operator.spec import parse
 from runlease.operator.status import Observed
+from tests.console.test_console_http import csrf_of, signed_in
 from tests.integration.test_keys import claim_all, submit
 from tests.operator.test_builders import FULL, MINIMAL
 from tests.support.api import Api
@@ -128,3 +129,34 @@ async def test_patterns_over_http_and_in_the_spec(api: Api) -> None:
             assert answer.status_code == 422, (body, answer.text)
     spec = MINIMAL | {"concurrencyKeys": {"limits": [{"key": "user-*", "maxInFlight": 2}]}}
     assert parse("batch", "ml", spec).key_limits == KeyLimits(None, {"user-*": 2})
+
+
+async def test_the_console_shows_and_sets_key_limits(ui: Api, live_store: RunStore) -> None:
+    async with signed_in(ui, "admin") as admin:
+        page = await admin.get("/ui/pools")
+        assert "Concurrency keys: unlimited per key" in page.text
+        token = csrf_of(page.text)
+        for key, limit in (("", "3"), ("user-*", "1"), ("repo-main", "2")):
+            r = await admin.post("/ui/pools/default/key-limit",
+                                 data={"csrf": token, "key": key, "max_in_flight": limit})
+            assert r.status_code == 303, r.text
+        assert await live_store.key_limits("default") == KeyLimits(3, {"user-*": 1,
+                                                                       "repo-main": 2})
+        r = await admin.post("/ui/pools/default/key-limit",
+                             data={"csrf": token, "key": "repo-main", "max_in_flight": ""})
+        assert r.status_code == 303
+        for key, limit in (("*", "1"), ("a b", "1"), ("k", "-1"), ("k", "0"), ("x" * 200, "1")):
+            bad = await admin.post("/ui/pools/default/key-limit",
+                                   data={"csrf": token, "key": key, "max_in_flight": limit})
+            assert bad.status_code == 400, (key, limit, bad.text)
+        for i in range(3):
+            await submit(live_store, "acme", "user-9", i=i)
+        page = (await admin.get("/ui/pools")).text
+        assert "Concurrency keys: 3 per key; <code>user-*</code> 1." in page
+        assert "acme <code>user-9</code> 2" in page  # its waiting runs
+    assert await live_store.key_limits("default") == KeyLimits(3, {"user-*": 1})
+    async with signed_in(ui, "acme") as tenant:  # a tenant cannot set them
+        r = await tenant.post("/ui/pools/default/key-limit",
+                              data={"csrf": "x", "key": "", "max_in_flight": "9"})
+        assert r.status_code in (303, 403)
+    assert (await live_store.key_limits("default")).default == 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -201,10 +202,16 @@ async def test_the_cli_submits_into_a_thread_and_shows_it(api: Api) -> None:
 
 async def test_the_console_shows_a_runs_thread(ui: Api) -> None:
     async with AsyncClient(ui.url, ui.token("acme")) as client:
-        await client.submit({}, thread_id="conv-ui")
-        waiting = await client.submit({}, thread_id="conv-ui")
+        runs = [await client.submit({}, thread_id="conv-ui") for _ in range(7)]
+        await client.submit({}, thread_id="conv-ui-2")  # another thread: not a neighbour
+    waiting = runs[3]
     async with signed_in(ui, "acme") as http:
         page = await http.get(f"/ui/runs/{waiting.id}/summary")
     assert page.status_code == 200, page.text
     assert "conv-ui" in page.text
     assert "after the thread's earlier runs" in page.text
+    # Its neighbours, two before and two after, linked in submit order.
+    shown = re.findall(r'href="/ui/runs/([0-9a-f-]{36})"', page.text.split(
+        'id="thread-neighbours"')[1].split("</ol>")[0])
+    assert shown == [str(r.id) for r in (runs[1], runs[2], runs[4], runs[5])]
+    assert "this run" in page.text
