@@ -6,12 +6,17 @@ the pool's top keys by waiting runs are what the gauge shows, bounded."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import generate_latest
 
+from runlease.client import AsyncClient
 from runlease.db.keys import KeyLimits
 from runlease.db.store import NewRun, RunStore
 from runlease.errors import ValidationError
@@ -129,6 +134,17 @@ async def test_patterns_over_http_and_in_the_spec(api: Api) -> None:
             assert answer.status_code == 422, (body, answer.text)
     spec = MINIMAL | {"concurrencyKeys": {"limits": [{"key": "user-*", "maxInFlight": 2}]}}
     assert parse("batch", "ml", spec).key_limits == KeyLimits(None, {"user-*": 2})
+    async with AsyncClient(api.url, api.token("admin")) as sdk:
+        got = await sdk.set_key_limits("default", default=1, keys={"team-*": 4})
+        assert got["keys"] == {"team-*": 4}
+    env = {**os.environ, "RUNLEASE_API_URL": api.url, "RUNLEASE_TOKEN": api.token("admin")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlease", "pools", "key-limits", "default",
+        "--key", "repo-*=3", "--json", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["keys"] == {"team-*": 4, "repo-*": 3}
 
 
 async def test_the_console_shows_and_sets_key_limits(ui: Api, live_store: RunStore) -> None:
