@@ -7,6 +7,9 @@ opposite orders never deadlock."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -304,3 +307,37 @@ async def test_a_tenant_flooding_one_thread_is_held_to_its_rate(
     assert {le.run.tenant_id for le in leases} == {"acme", "globex"}
     assert sum(le.run.tenant_id == "acme" for le in leases) == 1  # one at a time
     assert theirs["id"] in {str(le.run.id) for le in leases}
+
+
+async def _cli(api: Api, *args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+    env = {**os.environ, "RUNLEASE_API_URL": api.url, "RUNLEASE_TOKEN": api.token("acme"),
+           "COLUMNS": "200"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "runlease", *args, env=env, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate(stdin)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_cli_makes_keyed_schedules_and_batches(api: Api) -> None:
+    code, out, err = await _cli(api, "schedules", "create", "digest", "--cron", "0 8 * * *",
+                                "--input", "{}", "--thread", "digest", "--multitask",
+                                "interrupt", "--json")
+    assert code == 0, err
+    template = json.loads(out)["template"]
+    assert (template["thread_id"], template["multitask"]) == ("digest", "interrupt")
+    code, out, err = await _cli(api, "schedules", "create", "sync", "--cron", "0 8 * * *",
+                                "--input", "{}", "--singleton", "crm:cancel_in_progress",
+                                "--json")
+    assert code == 0, err
+    assert json.loads(out)["template"]["singleton"] == {"key": "crm",
+                                                        "on_conflict": "cancel_in_progress"}
+    code, out, err = await _cli(api, "schedules", "create", "bad", "--cron", "0 8 * * *",
+                                "--input", "{}", "--thread", "t", "--key", "k")
+    assert code != 0
+    lines = "".join(json.dumps({"input": {"i": i}, "thread_id": "bulk"}) + "\n"
+                    for i in range(3)).encode()
+    code, out, err = await _cli(api, "runs", "submit", "--file", "-", stdin=lines)
+    assert code == 0, err
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
+        assert (await http.get("/v1/threads/bulk")).json()["runs"] == 3
