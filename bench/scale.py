@@ -41,6 +41,10 @@ analyzed one's (>= 0.9); the same drain over PgQueuer's (>= 3) and over the
 raw claim-50 + ack floor's (>= 0.5), after ANALYZE and in the burst case
 (no ANALYZE for anyone).
 
+Targets 27.1 and 27.2 (issue 27): bench/threads_keys.py, the claim with
+100,000 runs behind 1,000 busy threads and 1,000 keys at their limits over
+the empty claim, and a submit into a thread's p99 over a plain submit's.
+
 Target 4, streams: bench/scale_streams.py. Targets 5 and 7, the drain
 against PgQueuer and the raw floor, and through PgBouncer:
 bench/throughput.py's drains on this server (--quick: 10,000 no-op runs,
@@ -549,6 +553,9 @@ TARGETS: list[Target] = [
     # Issue 26's targets 1 and 3: a burst of 20,000 runs onto an idle queue
     # whose statistics are stale, beside PgQueuer and the raw floor.
     Target("8", "burst", external("burst:measure", "burst:targets")),
+    # Issue 27's: the claim behind 1,000 busy threads and 1,000 full keys,
+    # and a submit into a thread against a plain one (bench/threads_keys.py).
+    Target("27", "threads_keys", external("threads_keys:measure", "threads_keys:targets")),
     # Last: it holds 1,000 sleeping runs and 1,000 streams for minutes.
     Target("6", "soak", external("soak:scale_measure", "soak:targets")),
 ]

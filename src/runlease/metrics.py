@@ -99,6 +99,10 @@ QUEUE_RUNS = Gauge("runlease_queue_runs",
                    "Runs in the queue by pool, tenant and status (pending, ready, leased, "
                    "waiting: for a person's input).",
                    ["pool", "tenant", "status"])
+KEY_WAITING = Gauge("runlease_key_waiting_runs",
+                    "Runs parked for a slot of their concurrency key: the pool's 10 keys "
+                    "with the most (other keys are not shown: bounded labels).",
+                    ["pool", "tenant", "key"])
 DEAD_RUNS = Gauge("runlease_dead_runs", "Dead runs (dead letters) by pool and error code.",
                   ["pool", "error_code"])
 OLDEST_PENDING = Gauge("runlease_oldest_pending_seconds",

@@ -47,9 +47,12 @@ async def test_hostile_key_input_is_refused(api: Api) -> None:
                      {"concurrency_key": "k", "thread_id": "t"}):
             answer = await acme.post("/v1/runs", json={"input": {}, **body})
             assert answer.status_code == 422, (body, answer.text)
+        # In a batch (accepted since issue 27's rest), a hostile key is refused there too.
         batch = await acme.post("/v1/runs/batch",
-                                json={"runs": [{"input": {}, "concurrency_key": "k"}]})
+                                json={"runs": [{"input": {}, "concurrency_key": "k"},
+                                               {"input": {}, "concurrency_key": "a/b"}]})
         assert batch.status_code == 422
+        assert (await acme.get("/v1/runs")).json()["items"] == []
 
 
 async def test_the_cli_sets_key_limits_and_submits_with_a_key(api: Api) -> None:

@@ -12,6 +12,7 @@ from runlease.db.connect import make_conn_pool
 from runlease.db.keys import KeyLimits
 from runlease.db.models import Lease
 from runlease.db.store import Conn, NewRun
+from tests.support.blocked import load_blocked
 from tests.support.databases import RegisteringStore
 from tests.support.plans import Executed, executed, reads, seq_scans
 
@@ -116,3 +117,47 @@ async def test_a_keys_parked_backlog_is_not_read_per_claim(
         _, found = await executed(fresh, ack, rollback=False)
         _bounded(found, 50)
         assert await fresh.key_usage("default", "hot", "hot") == (1, BACKLOG - 1)
+
+
+async def _claim_reads(db_url: str, store: RegisteringStore) -> tuple[int, list[Executed]]:
+    """Rows of agent_runs one claim of 10 reads, in a fresh session (its
+    plans made now), rolled back: the same claim can be measured again."""
+    async with make_conn_pool(db_url, max_size=2) as conn_pool:
+        fresh = RegisteringStore(conn_pool, clock=store.clock)
+        await fresh.incarnation("w")
+        leases, found = await executed(fresh, lambda c: fresh.claim("default", "w", 10, conn=c))
+    assert len(leases) == 10
+    assert {le.run.tenant_id for le in leases} <= {f"t{i}" for i in range(5)}
+    for e in found:
+        assert seq_scans(e.plan) == 0, e.text
+    return sum(reads(e.plan) for e in found), found
+
+
+@pytest.mark.parametrize("analyze", [False, True], ids=["never_analyzed", "analyzed"])
+async def test_runs_behind_1000_busy_threads_and_1000_full_keys_are_not_read_per_claim(
+    store: RegisteringStore, db_url: str, analyze: bool
+) -> None:
+    """Issue 27's claim target, counted not timed: 100,000 runs queued behind
+    1,000 busy threads and 1,000 keys at their limits leave the rows a claim
+    reads as they were without them; and none of them is claimable work for
+    the autoscaler (startable runs, the ready counts)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE agent_runs SET (autovacuum_enabled = false)")
+    await store.enqueue_many("default", [NewRun(f"t{i % 5}", {}) for i in range(40)])
+    without, _ = await _claim_reads(db_url, store)
+    blocked = load_blocked(db_url, "default", threads=1000, keys=1000, per=50)
+    assert blocked == 100_000
+    if analyze:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("ANALYZE agent_runs")
+    with_backlog, found = await _claim_reads(db_url, store)
+    print(f"rows of agent_runs read per claim of 10: {without} without, {with_backlog} with"
+          f" {blocked:,} blocked runs")
+    assert with_backlog <= without + 10, (
+        without, [(reads(e.plan), e.text[:120]) for e in found if reads(e.plan)])
+    assert await store.startable_runs("default") == 40
+    await store.fold_counts()
+    stats = await store.queue_stats("default")
+    assert stats.ready == 40
+    assert stats.pending == 40 + blocked  # the parked runs count as waiting (delayed)
+    assert len(stats.keys_waiting) == 10  # the gauge's top keys, of 1,000 waiting

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -51,17 +53,22 @@ async def test_reject_answers_409_naming_the_active_run(api: Api) -> None:
         assert [r["id"] for r in runs] == [first["id"]]  # the refused one left nothing
 
 
-async def test_interrupt_stops_the_active_run_inside_its_tool(api: Api, db_url: str) -> None:
-    plan = {"steps": [{"emit": {"text": "start"}}, {"shell": ["sh", "-c", "sleep 300"]}]}
+@pytest.mark.parametrize("policy", ["interrupt", "rollback"])
+async def test_interrupt_stops_the_active_run_inside_its_tool(api: Api, db_url: str,
+                                                              policy: str) -> None:
+    """Each interrupting policy over HTTP, the active run inside a tool: its
+    tool's process is gone, its committed step kept, the new run runs after."""
+    marker = f"{3100 + len(policy)}.5"  # this test's own sleep, to find its process
+    plan = {"steps": [{"emit": {"text": "start"}}, {"shell": ["sh", "-c", f"sleep {marker}"]}]}
     async with AsyncClient(api.url, api.token("acme")) as client, running_worker(db_url):
         old = await client.submit(plan, thread_id="c")
         await until(lambda: _leased(client, old.id))
-        async for _ in client.events(old.id):
-            break  # running
+        await until(lambda: _sleeping(marker))  # inside its tool
         new = await client.submit({"steps": [{"emit": {"n": 2}}]}, thread_id="c",
-                                  multitask="rollback")
+                                  multitask=policy)
         ended = await client.wait(old.id, timeout_s=30)
-        assert (ended.status, ended.rolled_back) == ("cancelled", True)
+        assert (ended.status, ended.rolled_back) == ("cancelled", policy == "rollback")
+        assert not await _sleeping(marker)  # the tool's process was killed
         done = await client.wait(new.id, timeout_s=30)
         assert (done.status, done.rolled_back) == ("done", False)
         assert done.finished_at is not None
@@ -71,6 +78,21 @@ async def test_interrupt_stops_the_active_run_inside_its_tool(api: Api, db_url: 
         assert thread["latest_run_id"] == str(new.id)
         kept = await client.steps(old.id)  # its committed step stays
         assert [s.key for s in kept.items] == ["0"]
+
+
+async def _sleeping(marker: str) -> bool:
+    return await asyncio.to_thread(_sleeping_now, marker)
+
+
+def _sleeping_now(marker: str) -> bool:
+    """Whether a process of this machine runs `sleep <marker>`."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes() == f"sleep\0{marker}\0".encode():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 async def _leased(client: AsyncClient, run_id: object) -> bool:
@@ -124,12 +146,14 @@ async def test_odd_thread_reads_are_refused_never_a_500(api: Api) -> None:
         assert (await http.get("/v1/runs", params={"thread_id": "c"})).status_code in (403, 422)
 
 
-async def test_a_batch_item_in_a_thread_is_refused(api: Api) -> None:
+async def test_a_batch_item_goes_into_its_thread(api: Api) -> None:
+    """Once refused (422); now as a single submit (test_keyed_paths.py has the rest)."""
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
         answer = await http.post("/v1/runs/batch", json={"runs": [
             {"input": {}}, {"input": {}, "thread_id": "c"}]})
-        assert answer.status_code == 422
-        assert answer.json()["error"]["field"] == "runs[1].thread_id"
+        assert answer.status_code == 201
+        thread = (await http.get("/v1/threads/c")).json()
+        assert thread["head_run_id"] == answer.json()["runs"][1]["id"]
 
 
 async def _echo_thread(ctx: RunContext) -> dict[str, object]:
@@ -178,10 +202,16 @@ async def test_the_cli_submits_into_a_thread_and_shows_it(api: Api) -> None:
 
 async def test_the_console_shows_a_runs_thread(ui: Api) -> None:
     async with AsyncClient(ui.url, ui.token("acme")) as client:
-        await client.submit({}, thread_id="conv-ui")
-        waiting = await client.submit({}, thread_id="conv-ui")
+        runs = [await client.submit({}, thread_id="conv-ui") for _ in range(7)]
+        await client.submit({}, thread_id="conv-ui-2")  # another thread: not a neighbour
+    waiting = runs[3]
     async with signed_in(ui, "acme") as http:
         page = await http.get(f"/ui/runs/{waiting.id}/summary")
     assert page.status_code == 200, page.text
     assert "conv-ui" in page.text
     assert "after the thread's earlier runs" in page.text
+    # Its neighbours, two before and two after, linked in submit order.
+    shown = re.findall(r'href="/ui/runs/([0-9a-f-]{36})"', page.text.split(
+        'id="thread-neighbours"')[1].split("</ol>")[0])
+    assert shown == [str(r.id) for r in (runs[1], runs[2], runs[4], runs[5])]
+    assert "this run" in page.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from typing import Annotated
+from uuid import UUID
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, Field
@@ -14,13 +15,23 @@ from runlease.api.auth import Principal
 from runlease.api.deps import JsonBody, Store, Waker, Who
 from runlease.api.errors import ErrorAnswer
 from runlease.api.rates import submit_slots
-from runlease.api.routes import new_run, tenant_for
+from runlease.api.routes import keyed_of, new_run, tenant_for
 from runlease.api.schemas import ErrorBody, RunCreate, RunOut, run_json, run_out_fields
 from runlease.api.wakeups import PoolWaker
 from runlease.core import bounds
+from runlease.db.keyed import Keyed
 from runlease.db.models import EnqueueResult
 from runlease.db.runs import NewRun
-from runlease.db.store import RunStore
+from runlease.db.store import Conn, RunStore
+from runlease.errors import (
+    BatchConflict,
+    BatchRefused,
+    IdempotencyConflict,
+    ItemError,
+    ThreadBusy,
+    UnknownPool,
+    ValidationError,
+)
 
 MAX_BATCH_RUNS = 1000
 
@@ -35,14 +46,6 @@ class RunBatchItem(RunCreate):
         description="As the Idempotency-Key header of a single submit: a key that names an "
                     "existing run with the same input returns that run.",
         examples=["eval-2026-12-01-case-0001"])]
-    # A thread orders its runs one submit at a time (db/threads.py): not in a batch.
-    thread_id: None = Field(None, description="Not in a batch: submit a thread's runs one "
-                                              "at a time (POST /v1/runs).")
-    multitask: None = Field(None, description="Not in a batch.")
-    concurrency_key: None = Field(None, description="Not in a batch: submit a key's runs one "
-                                                    "at a time (POST /v1/runs).")
-    singleton: None = Field(None, description="Not in a batch.")
-    debounce: None = Field(None, description="Not in a batch.")
 
 
 class RunBatchIn(BaseModel):
@@ -86,6 +89,10 @@ class RunBatchOut(BaseModel):
                415: {"model": ErrorBody, "description": "No `Content-Type: application/json`."},
                429: {"model": ErrorBody, "description": "Over a tenant's submit rate; see "
                                                          "Retry-After. Nothing submitted."},
+               409: {"model": ErrorBody,
+                     "description": "An item with `multitask: reject` names a thread that "
+                                    "has an unfinished run (`thread_busy`, the item in "
+                                    "`field`). Nothing submitted."},
                422: {"model": BatchErrorBody,
                      "description": "Refused as a whole, nothing submitted: `errors` names "
                                     "each refused item by index."}},
@@ -100,7 +107,8 @@ async def answer_batch(body: RunBatchIn, who: Principal, store: RunStore,
                        waker: PoolWaker) -> Response:
     """The route's answer, which api/fast_batch.py also gives."""
     runs = []
-    alone = False  # an item with a parent or a webhook
+    alone = False  # an item with a parent, a webhook, a thread or a key
+    keyed: list[Keyed | None] = []
     own = None if who.admin else who.tenant_id
     for i, item in enumerate(body.runs):
         tenant = item.tenant_id
@@ -114,9 +122,11 @@ async def answer_batch(body: RunBatchIn, who: Principal, store: RunStore,
         # The body was JSON (JsonBody, or api/fast_batch.py).
         runs.append(new_run(item, tenant or own or "", item.idempotency_key,
                             input_parsed=True))
-        alone = alone or item.parent_run_id is not None or item.webhook_url is not None
+        keyed.append(keyed_of(item))
+        alone = (alone or item.parent_run_id is not None or item.webhook_url is not None
+                 or keyed[-1] is not None)
     if alone:
-        return _answer(await _enqueue(store, body, runs, admin=who.admin), waker,
+        return _answer(await _enqueue(store, body, runs, keyed, admin=who.admin), waker,
                        admin=who.admin)
     async with submit_slots(store, _wanted(body, runs)) as conn:
         done = await store.enqueue_batch(body.runs[0].pool, runs, conn=conn)
@@ -152,10 +162,16 @@ def _wanted(body: RunBatchIn, runs: list[NewRun]) -> Counter[tuple[str, str]]:
     return Counter((r.pool or body.runs[0].pool, r.tenant_id) for r in runs)
 
 
-async def _enqueue(store: RunStore, body: RunBatchIn, runs: list[NewRun], *,
-                   admin: bool) -> list[EnqueueResult]:
+async def _enqueue(store: RunStore, body: RunBatchIn, runs: list[NewRun],
+                   keyed: list[Keyed | None], *, admin: bool) -> list[EnqueueResult]:
     """Rates, parents and webhook URLs checked, and the runs inserted, in one
-    transaction: a 429 or a refused parent or URL writes none of the batch."""
+    transaction: a 429, a refused parent or URL, or a busy thread of a
+    `multitask: reject` item writes none of the batch. Items with a thread
+    or a key go in order, one at a time, under the same rules as a single
+    submit (their rows locked first, in one order: db/keyed.py); the
+    interrupts they ask for are made after the commit."""
+    pool = body.runs[0].pool
+    interrupts: list[tuple[UUID, str]] = []
     async with submit_slots(store, _wanted(body, runs)) as conn:
         for i, item in enumerate(body.runs):
             if item.parent_run_id is not None:
@@ -163,7 +179,10 @@ async def _enqueue(store: RunStore, body: RunBatchIn, runs: list[NewRun], *,
                                          admin=admin)
             if item.webhook_url is not None:
                 await store.check_webhook_url(item.webhook_url, conn=conn)
-        results = await store.enqueue_many(body.runs[0].pool, runs, notify=False, conn=conn)
+        if not any(keyed):
+            results = await store.enqueue_many(pool, runs, notify=False, conn=conn)
+        else:
+            results = await _enqueue_keyed(store, pool, runs, keyed, interrupts, conn)
         for i, item in enumerate(body.runs):
             if not results[i].inserted:
                 continue
@@ -173,4 +192,34 @@ async def _enqueue(store: RunStore, body: RunBatchIn, runs: list[NewRun], *,
             if item.webhook_url is not None:
                 await store.add_webhook(results[i].run.id, runs[i].tenant_id, item.webhook_url,
                                         conn=conn)
+    for run_id, tenant_id in interrupts:
+        await store.interrupt(run_id, tenant_id)
+    return results
+
+
+async def _enqueue_keyed(store: RunStore, pool: str, runs: list[NewRun],
+                         keyed: list[Keyed | None], interrupts: list[tuple[UUID, str]],
+                         conn: Conn) -> list[EnqueueResult]:
+    """Each run in order, as a single submit would go (db/keyed.py); a
+    refused item refuses the batch, named by its index."""
+    store.check_batch(pool, runs)  # every item's own form first, all named
+    await store.lock_keyed([(r.pool or pool, r.tenant_id, k)
+                            for r, k in zip(runs, keyed, strict=True) if k is not None],
+                           conn=conn)
+    results = []
+    for i, (run, k) in enumerate(zip(runs, keyed, strict=True)):
+        try:
+            joined = await store.submit_keyed(run.pool or pool, run, k, conn=conn)
+        except ThreadBusy as exc:
+            raise ErrorAnswer(409, "thread_busy", f"runs[{i}]: {exc}; nothing was submitted",
+                              f"runs[{i}].thread_id") from None
+        except IdempotencyConflict as exc:
+            raise BatchConflict([ItemError(i, "idempotency_conflict", "idempotency_key",
+                                           str(exc))], exc) from None
+        except ValidationError as exc:
+            code = "unknown_pool" if isinstance(exc, UnknownPool) else "invalid_request"
+            raise BatchRefused([ItemError(i, code, exc.field, exc.message)]) from None
+        results.append(joined.result)
+        if joined.interrupt is not None:
+            interrupts.append((joined.interrupt, run.tenant_id))
     return results

@@ -1,6 +1,6 @@
 """GET and PUT /v1/pools/{name}/key-limits (issue 27): a pool's limits per
 concurrency key (admin). `default` caps every key (null: unlimited), `keys`
-a key's own limit; each at least 1. A raise hands the freed slots to
+a key's own limit or a key pattern's ("user-*"); each at least 1. A raise hands the freed slots to
 parked runs in the same call."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ router = APIRouter(prefix="/v1")
 
 PoolPath = Annotated[str, Path(min_length=1, max_length=bounds.POOL_MAX_CHARS,
                                pattern=POOL_PATTERN)]
+# A key, or a pattern of keys (`*` any characters; not `*` alone: `default`).
 Key = Annotated[str, StringConstraints(min_length=1, max_length=bounds.THREAD_MAX_CHARS,
-                                       pattern=bounds.THREAD_PATTERN)]
+                                       pattern=bounds.KEY_PATTERN_PATTERN)]
 # A float with no fraction is the integer it is (JSON Schema's `integer`).
 Limit = Annotated[int, Field(strict=True, ge=1, le=KEY_LIMIT_MAX), INTEGRAL]
 
@@ -32,15 +33,19 @@ def _key_names(schema: dict[str, Any]) -> None:
     if values:
         schema["additionalProperties"] = next(iter(values.values()))
         schema["propertyNames"] = {"minLength": 1, "maxLength": bounds.THREAD_MAX_CHARS,
-                                   "pattern": bounds.THREAD_PATTERN}
+                                   "pattern": bounds.KEY_PATTERN_PATTERN,
+                                   "not": {"pattern": r"^\*+$"}}
 
 
 class KeyLimitsIn(Strict):
     default: Limit | None = Field(None, description="Every key's limit (null: unlimited).",
                                   examples=[2])
     keys: dict[Key, Limit] = Field(default_factory=dict, max_length=MAX_KEY_LIMITS,
-                                   description="A key's own limit, over the default.",
-                                   examples=[{"repo-main": 1}],
+                                   description="A key's own limit, or a pattern's (`*` any "
+                                               "characters: each key it matches has that "
+                                               "limit); a key's own beats the longest "
+                                               "pattern it matches, which beats the default.",
+                                   examples=[{"repo-main": 1, "user-*": 2}],
                                    json_schema_extra=_key_names)
 
 

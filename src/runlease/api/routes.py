@@ -47,9 +47,9 @@ from runlease.api.wakeups import PoolWaker
 from runlease.core import bounds
 from runlease.core.backoff import RetryPolicy
 from runlease.core.states import RunStatus
+from runlease.db.keyed import KEYED_FIELDS, Keyed
 from runlease.db.models import EnqueueResult, Pool, Run
 from runlease.db.runs import NewRun
-from runlease.db.singletons import Debounce
 from runlease.db.store import RunStore
 from runlease.errors import RunNotFound
 
@@ -165,6 +165,13 @@ def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Respon
                     media_type="application/json", headers={"Location": f"/v1/runs/{run.id}"})
 
 
+def keyed_of(body: RunCreate) -> Keyed | None:
+    """The body's thread or key (pydantic checked its form already)."""
+    return Keyed.of({n: getattr(body, n) for n in (*KEYED_FIELDS, "multitask")}
+                    | {"singleton": body.singleton and body.singleton.model_dump(),
+                       "debounce": body.debounce and body.debounce.model_dump()})
+
+
 async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: RunStore,
                         idempotency_key: str | None) -> EnqueueResult:
     """A submit with a parent, a webhook, a thread, a key, a singleton or a
@@ -179,23 +186,8 @@ async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: Run
         if body.webhook_url is not None:
             await store.check_webhook_url(body.webhook_url, conn=conn)
         run = new_run(body, tenant, idempotency_key)
-        if body.thread_id is not None:
-            joined = await store.submit_to_thread(body.pool, run, body.thread_id,
-                                                  body.multitask or "enqueue", conn=conn)
-            result, interrupt = joined.result, joined.interrupt
-        elif body.singleton is not None:
-            joined = await store.submit_singleton(body.pool, run, body.singleton.key,
-                                                  body.singleton.on_conflict, conn=conn)
-            result, interrupt = joined.result, joined.interrupt
-        elif body.debounce is not None:
-            result = await store.submit_debounced(
-                body.pool, run, Debounce(body.debounce.key, body.debounce.window_s,
-                                         body.debounce.max_delay_s), conn=conn)
-        else:
-            (result,) = await store.enqueue_many(body.pool, [run], notify=False, conn=conn)
-            if body.concurrency_key is not None and result.inserted:
-                result = EnqueueResult(
-                    await store.join_key(result.run.id, body.concurrency_key, conn=conn), True)
+        joined = await store.submit_keyed(body.pool, run, keyed_of(body), conn=conn)
+        result, interrupt = joined.result, joined.interrupt
         if parent is not None and result.inserted:
             result = EnqueueResult(await store.set_parent(result.run, parent, conn=conn), True)
         if body.webhook_url is not None and result.inserted:

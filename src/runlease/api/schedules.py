@@ -21,7 +21,7 @@ from runlease.api.routes import tenant_for
 from runlease.api.schemas import (
     WEBHOOK_URL_PATTERN,
     ErrorBody,
-    RunSettings,
+    KeyedSettings,
     Strict,
     TenantId,
     described,
@@ -54,8 +54,9 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such schedule (or another tenant's)."}}
 
 
-class RunTemplate(RunSettings):
-    """The run each tick enqueues: the fields of a submit (`POST /v1/runs`)."""
+class RunTemplate(KeyedSettings):
+    """The run each tick enqueues: the fields of a submit (`POST /v1/runs`),
+    its thread, concurrency key, singleton or debounce included."""
 
     webhook_url: str | None = Field(
         None, min_length=1, max_length=2048, pattern=WEBHOOK_URL_PATTERN,

@@ -136,16 +136,15 @@ _KEYED = {"thread_id": "string", "concurrency_key": "string", "singleton": "obje
           "debounce": "object"}
 
 
-def _one_start_rule(schema: dict[str, Any]) -> None:
-    # run_at and delay_s are each allowed, not both: the document says so
-    # (generic clients and schemathesis read it), and shows one whole body.
+def _one_key_rule(schema: dict[str, Any]) -> None:
+    _keyed_rules(schema, [])
+
+
+def _keyed_rules(schema: dict[str, Any], starts: list[dict[str, Any]]) -> None:
+    # The document says what the validators refuse (generic clients and
+    # schemathesis read it).
     schema["not"] = {"anyOf": [
-        {"required": ["run_at", "delay_s"],
-         "properties": {"run_at": {"type": "string"}, "delay_s": {"type": "number"}}},
-        # Debounce decides the start.
-        *({"required": ["debounce", start], "properties": {"debounce": {"type": "object"},
-                                                           start: {"type": kind}}}
-          for start, kind in (("run_at", "string"), ("delay_s", "number"))),
+        *starts,
         # A thread, a concurrency key, a singleton or a debounce: one at most.
         *({"required": [a, b], "properties": {a: {"type": _KEYED[a]}, b: {"type": _KEYED[b]}}}
           for i, a in enumerate(_KEYED) for b in list(_KEYED)[i + 1:])]}
@@ -154,6 +153,16 @@ def _one_start_rule(schema: dict[str, Any]) -> None:
                     "properties": {"multitask": {"type": "string"}}}
     schema["then"] = {"required": ["thread_id"],
                       "properties": {"thread_id": {"type": "string"}}}
+
+
+def _one_start_rule(schema: dict[str, Any]) -> None:
+    # run_at and delay_s are each allowed, not both; debounce decides the start.
+    _keyed_rules(schema, [
+        {"required": ["run_at", "delay_s"],
+         "properties": {"run_at": {"type": "string"}, "delay_s": {"type": "number"}}},
+        *({"required": ["debounce", start], "properties": {"debounce": {"type": "object"},
+                                                           start: {"type": kind}}}
+          for start, kind in (("run_at", "string"), ("delay_s", "number")))])
     schema["examples"] = [{"input": {"prompt": "Summarise the incident report"},
                            "labels": {"team": "search"}, "delay_s": 300,
                            "non_retryable_codes": ["invalid_input"]}]
@@ -206,7 +215,52 @@ class DebounceIn(Strict):
                                            "(at least window_s).")
 
 
-class RunCreate(RunSettings):
+class KeyedSettings(RunSettings):
+    """A run's thread, concurrency key, singleton or debounce (one at most):
+    the fields a submit, a batch item and a schedule's template share."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_key_rule)
+
+    thread_id: str | None = Field(
+        None, min_length=1, max_length=bounds.THREAD_MAX_CHARS, pattern=bounds.THREAD_PATTERN,
+        examples=["conv-42"],
+        description="The tenant's thread (a conversation) the run belongs to: at most one run "
+                    "of a thread is active at a time, the others wait in submit order. "
+                    "Needs no create call; `GET /v1/threads/{id}` shows it.")
+    concurrency_key: str | None = Field(
+        None, min_length=1, max_length=bounds.THREAD_MAX_CHARS, pattern=bounds.THREAD_PATTERN,
+        examples=["user-1234"],
+        description="The tenant's concurrency key: the pool's key limits cap how many runs "
+                    "of one key run at once (the others wait, parked). Not with `thread_id`.")
+    singleton: SingletonIn | None = Field(
+        None, description="One run of the key at a time: a submit while one is pending or "
+                          "active answers it, or cancels it (`on_conflict`).")
+    debounce: DebounceIn | None = Field(
+        None, description="Submits of the key within `window_s` of each other make one run "
+                          "(the same run id is answered, the last input wins), started at most "
+                          "`max_delay_s` after the first. Not with run_at or delay_s.")
+    multitask: Literal["enqueue", "reject", "interrupt", "rollback", "steer"] | None = Field(
+        None, description="With `thread_id`, when the thread has an unfinished run: "
+                          "`enqueue` (default) waits its turn; `reject` answers 409 naming "
+                          "the active run; `interrupt` cancels the active run and starts "
+                          "after it ended; `rollback` does so and flags it `rolled_back`; "
+                          "`steer` makes no run: the input (its `text` or `message`) goes "
+                          "into the active run's inbox, and the answer (200) is that run.")
+
+    @model_validator(mode="after")
+    def _one_key(self) -> Self:
+        if self.multitask is not None and self.thread_id is None:
+            raise ValueError("multitask goes with thread_id")  # the schema's if/then
+        given = [n for n in ("thread_id", "concurrency_key", "singleton", "debounce")
+                 if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of {', '.join(given)}, not several")
+        if self.debounce is not None and self.debounce.max_delay_s < self.debounce.window_s:
+            raise ValueError("debounce.max_delay_s must be at least its window_s")
+        return self
+
+
+class RunCreate(KeyedSettings):
     """A run to enqueue. Admin callers name the tenant; tenants may not."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_one_start_rule)
@@ -240,46 +294,12 @@ class RunCreate(RunSettings):
         examples=["https://hooks.example.com/runlease"],
         description="POSTed a signed notice when the run finishes; its host must be on the "
                     "admin's webhook allowlist.")
-    thread_id: str | None = Field(
-        None, min_length=1, max_length=bounds.THREAD_MAX_CHARS, pattern=bounds.THREAD_PATTERN,
-        examples=["conv-42"],
-        description="The tenant's thread (a conversation) the run belongs to: at most one run "
-                    "of a thread is active at a time, the others wait in submit order. "
-                    "Needs no create call; `GET /v1/threads/{id}` shows it.")
-    concurrency_key: str | None = Field(
-        None, min_length=1, max_length=bounds.THREAD_MAX_CHARS, pattern=bounds.THREAD_PATTERN,
-        examples=["user-1234"],
-        description="The tenant's concurrency key: the pool's key limits cap how many runs "
-                    "of one key run at once (the others wait, parked). Not with `thread_id`.")
-    singleton: SingletonIn | None = Field(
-        None, description="One run of the key at a time: a submit while one is pending or "
-                          "active answers it, or cancels it (`on_conflict`).")
-    debounce: DebounceIn | None = Field(
-        None, description="Submits of the key within `window_s` of each other make one run "
-                          "(the same run id is answered, the last input wins), started at most "
-                          "`max_delay_s` after the first. Not with run_at or delay_s.")
-    multitask: Literal["enqueue", "reject", "interrupt", "rollback", "steer"] | None = Field(
-        None, description="With `thread_id`, when the thread has an unfinished run: "
-                          "`enqueue` (default) waits its turn; `reject` answers 409 naming "
-                          "the active run; `interrupt` cancels the active run and starts "
-                          "after it ended; `rollback` does so and flags it `rolled_back`; "
-                          "`steer` makes no run: the input (its `text` or `message`) goes "
-                          "into the active run's inbox, and the answer (200) is that run.")
-
     @model_validator(mode="after")
     def _one_start(self) -> Self:
         if self.run_at is not None and self.delay_s is not None:
             raise ValueError("give run_at or delay_s, not both")
-        if self.multitask is not None and self.thread_id is None:
-            raise ValueError("multitask goes with thread_id")  # the schema's if/then
-        given = [n for n in ("thread_id", "concurrency_key", "singleton", "debounce")
-                 if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"give one of {', '.join(given)}, not several")
         if self.debounce is not None and (self.run_at is not None or self.delay_s is not None):
             raise ValueError("debounce decides the start: not with run_at or delay_s")
-        if self.debounce is not None and self.debounce.max_delay_s < self.debounce.window_s:
-            raise ValueError("debounce.max_delay_s must be at least its window_s")
         return self
 
 

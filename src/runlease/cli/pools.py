@@ -174,7 +174,8 @@ pools.add_command(pools_upsert, "set")
 @click.option("--default", "default_limit", metavar="N|none",
               help="Every concurrency key's limit (none: unlimited).")
 @click.option("--key", "keys", multiple=True, metavar="KEY=N",
-              help="A key's own limit (repeatable; KEY=none removes it).")
+              help="A key's own limit, or a pattern's ('user-*=2': each key it matches; "
+                   "repeatable; KEY=none removes it).")
 def pools_key_limits(api_url: str, token: str, as_json: bool, name: str,
                      default_limit: str | None, keys: tuple[str, ...]) -> None:
     """Show a pool's limits per concurrency key, or change them (admin): the

@@ -53,7 +53,7 @@ def _time(value: str | None, option: str) -> datetime | None:
     return at
 
 
-def _singleton(value: str | None) -> dict[str, str] | None:
+def keyed_singleton(value: str | None) -> dict[str, str] | None:
     if value is None:
         return None
     # A key may hold ':' itself: only a known policy at the end is one.
@@ -63,7 +63,7 @@ def _singleton(value: str | None) -> dict[str, str] | None:
     return {"key": value, "on_conflict": "skip"}
 
 
-def _debounce(value: str | None) -> dict[str, Any] | None:
+def keyed_debounce(value: str | None) -> dict[str, Any] | None:
     if value is None:
         return None
     key, window, delay = ["", "", "", *value.rsplit(":", 2)][-3:]  # a key may hold ':'
@@ -163,8 +163,8 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          parent_run_id=parent_run_id and run_id(api, parent_run_id),
                          webhook_url=webhook_url,
                          thread_id=thread_id, multitask=multitask,
-                         concurrency_key=concurrency_key, singleton=_singleton(singleton),
-                         debounce=_debounce(debounce), **retry_kwargs(**retry))
+                         concurrency_key=concurrency_key, singleton=keyed_singleton(singleton),
+                         debounce=keyed_debounce(debounce), **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
     else:

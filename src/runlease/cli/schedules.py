@@ -11,6 +11,7 @@ import click
 
 from runlease.cli import output as printing
 from runlease.cli.retry import retry_kwargs, retry_options
+from runlease.cli.run_commands import keyed_debounce, keyed_singleton
 from runlease.cli.terminal import api_options, client, emit_json, out, page_out
 from runlease.client import Client, ScheduleView
 
@@ -61,11 +62,23 @@ def _show(schedule: ScheduleView, as_json: bool, verb: str) -> None:
               show_default=True, help="skip: no run while the previous tick's still runs.")
 @click.option("--paused", is_flag=True, help="Create it paused.")
 @click.option("--tenant", "tenant_id", help="Admin only: the schedule's tenant.")
+@click.option("--thread", "thread_id", help="Each tick's run goes into this thread (one run "
+                                            "of it at a time, in submit order).")
+@click.option("--multitask", type=click.Choice(["enqueue", "reject", "interrupt", "rollback"]),
+              help="With --thread, when the thread is busy at a tick (default enqueue).")
+@click.option("--key", "concurrency_key", help="Each tick's run's concurrency key.")
+@click.option("--singleton", metavar="KEY[:cancel_in_progress]",
+              help="A tick while KEY's run is pending or active is answered with it (or "
+                   "cancels it, with :cancel_in_progress).")
+@click.option("--debounce", metavar="KEY:WINDOW_S:MAX_DELAY_S",
+              help="Ticks of KEY within WINDOW_S make one run.")
 @retry_options
 def create(api_url: str, token: str, as_json: bool, name: str, cron: str, timezone: str,
            input_json: str, pool: str | None, priority: int | None,
            max_attempts: int | None, overlap: str, paused: bool, tenant_id: str | None,
-           **retry: Any) -> None:
+           thread_id: str | None = None, multitask: str | None = None,
+           concurrency_key: str | None = None, singleton: str | None = None,
+           debounce: str | None = None, **retry: Any) -> None:
     """Create a schedule NAME."""
     if input_json.startswith("@"):
         with open(input_json[1:]) as f:
@@ -76,7 +89,11 @@ def create(api_url: str, token: str, as_json: bool, name: str, cron: str, timezo
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
     template: dict[str, Any] = {"input": payload}
     for key, value in (("pool", pool), ("priority", priority),
-                       ("max_attempts", max_attempts), *retry_kwargs(**retry).items()):
+                       ("max_attempts", max_attempts), ("thread_id", thread_id),
+                       ("multitask", multitask), ("concurrency_key", concurrency_key),
+                       ("singleton", keyed_singleton(singleton)),
+                       ("debounce", keyed_debounce(debounce)),
+                       *retry_kwargs(**retry).items()):
         if value is not None:
             template[key] = value
     with client(api_url, token) as api:

@@ -36,6 +36,9 @@ POOL_MAX_CHARS = 48
 # agent_runs' and agent_run_threads' CHECKs say the same (migration 0017).
 THREAD_MAX_CHARS = 128
 THREAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+# A key limit's name (migration 0021): a key, or a pattern where `*` stands
+# for any characters ("user-*"); agent_run_key_limits' CHECK says the same.
+KEY_PATTERN_PATTERN = r"^[A-Za-z0-9*][A-Za-z0-9._:@*-]{0,127}$"
 
 # Pool names become part of a NOTIFY channel name (63 bytes at most) and follow
 # Kubernetes naming, since a pool is usually an AgentRunPool's metadata.name.
@@ -44,6 +47,7 @@ THREAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 POOL_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$"
 _POOL_RE = re.compile(POOL_PATTERN)
 _THREAD_RE = re.compile(THREAD_PATTERN.replace("$", r"\Z"))
+_KEY_PATTERN_RE = re.compile(KEY_PATTERN_PATTERN.replace("$", r"\Z"))
 _PRINTABLE_RE = re.compile(r"^[^\x00-\x20\x7f]+$")
 _EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _ERROR_CODE_RE = _EVENT_KIND_RE
@@ -100,6 +104,16 @@ def check_thread(value: object) -> str:
 def check_key(field: str, value: object) -> str:
     """A concurrency key: a thread id's rules (issue 27)."""
     return _text(field, value, THREAD_MAX_CHARS, _THREAD_RE)
+
+
+def check_key_pattern(field: str, value: object) -> str:
+    """A key limit's name: a key, or a pattern with `*` (any characters) and
+    at least one other character (`*` alone is the pool's default)."""
+    name = _text(field, value, THREAD_MAX_CHARS, _KEY_PATTERN_RE)
+    if not name.strip("*"):
+        raise ValidationError(field, "a pattern needs a character besides '*' (the "
+                                     "default limit is every key's)")
+    return name
 
 
 def check_pool(value: object) -> str:

@@ -25,6 +25,7 @@ from runlease.core import bounds
 from runlease.db.executor import Conn
 from runlease.db.models import Run
 from runlease.db.runs import QueueStore
+from runlease.db.stats import TOP_KEYS
 from runlease.errors import ValidationError
 
 DEFAULT_KEY = "*"  # the pool's default per-key limit, in agent_run_key_limits
@@ -34,9 +35,21 @@ REFILL_BATCH = 1000  # keys per refill statement
 
 
 @dataclass(frozen=True, slots=True)
+class KeyWaiting:
+    """A key with runs parked for a slot: how many wait, how many hold one."""
+
+    tenant_id: str
+    key: str
+    waiting: int
+    active: int
+
+
+@dataclass(frozen=True, slots=True)
 class KeyLimits:
     """A pool's limits per key: `default` for every key (None: unlimited),
-    `keys` a key's own limit."""
+    `keys` a key's own limit, or a pattern's ("user-*": each key it matches
+    has that limit; a key's own beats the longest pattern it matches, which
+    beats the default)."""
 
     default: int | None = None
     keys: dict[str, int] = field(default_factory=dict)
@@ -44,6 +57,11 @@ class KeyLimits:
 
 def check_key(value: object) -> str:
     return bounds.check_key("concurrency_key", value)
+
+
+def check_key_limit_name(value: object) -> str:
+    """A key a limit names, or a pattern of keys ("user-*")."""
+    return bounds.check_key_pattern("key_limits", value)
 
 
 def _check_limit(name: str, value: object) -> int:
@@ -62,7 +80,7 @@ def checked_key_limits(limits: KeyLimits) -> KeyLimits:
     if not isinstance(limits.keys, dict) or len(limits.keys) > MAX_KEY_LIMITS:
         raise ValidationError("key_limits", f"at most {MAX_KEY_LIMITS} keys")
     for key, value in limits.keys.items():
-        check_key(key)
+        check_key_limit_name(key)
         _check_limit(f"key_limits.{key}", value)
     return limits
 
@@ -107,3 +125,22 @@ class KeyStore(QueueStore):
                                                  "tenant": bounds.check_tenant(tenant_id),
                                                  "key": check_key(key)}, conn)
         return int(row["active"]), int(row["parked"])
+
+    async def key_waiting_counted(self, pool: str, tenant_id: str, key: str, *,
+                                  conn: Conn | None = None) -> int:
+        """The key's parked runs as counted (agent_run_keys.waiting, what
+        the gauge reads); key_usage reads them."""
+        (row,) = await self._rows("key_active", {"pool": bounds.check_pool(pool),
+                                                 "tenant": bounds.check_tenant(tenant_id),
+                                                 "key": check_key(key)}, conn)
+        return int(row["waiting"])
+
+    async def keys_waiting(self, pool: str, *, limit: int = TOP_KEYS,
+                           conn: Conn | None = None) -> list[KeyWaiting]:
+        """The pool's `limit` keys with the most runs parked for a slot."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise ValidationError("limit", "must be between 1 and 1000")
+        rows = await self._rows("keys_waiting_top", {"pool": bounds.check_pool(pool),
+                                                     "limit": limit}, conn)
+        return [KeyWaiting(r["tenant_id"], r["key"], int(r["waiting"]), int(r["active"]))
+                for r in rows]

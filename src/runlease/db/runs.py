@@ -116,6 +116,16 @@ class QueueStore(Executor):
             rows = await self._rows("run_enqueue", params, c)
             return await self._results(runs, params, rows, c)
 
+    def check_batch(self, pool: str, runs: Sequence[NewRun]) -> None:
+        """Each run's own form, as enqueue_many checks it, without the
+        database: a BatchRefused naming every refused item (for a batch
+        enqueued a run at a time, db/keyed.py)."""
+        bounds.check_pool(pool)
+        _, errors = self._enqueue_params(pool, runs)
+        if errors:
+            raise BatchRefused([ItemError(i, "invalid_request", e.field, e.message)
+                                for i, e in errors])
+
     def _enqueue_params(self, pool: str, runs: Sequence[NewRun]
                         ) -> tuple[dict[str, Any], list[tuple[int, ValidationError]]]:
         now = datetime.now(UTC) if (db_now := self.clock.db_now()) is None else db_now

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -26,14 +27,16 @@ from runlease.core.ids import uuid7
 from runlease.core.schedule_fields import ScheduleFields
 from runlease.core.states import TERMINAL
 from runlease.db.executor import Conn
+from runlease.db.keyed import Keyed, KeyedStore
 from runlease.db.models import _pick
 from runlease.db.rates import RateStore, Throttled
-from runlease.db.runs import NewRun, QueueStore
+from runlease.db.runs import NewRun
 from runlease.db.webhooks import WebhookStore
 from runlease.errors import (
     IdempotencyConflict,
     RunleaseError,
     RunNotFound,
+    ThreadBusy,
     UnknownPool,
     ValidationError,
 )
@@ -82,11 +85,20 @@ def new_run(tenant_id: str, template: Mapping[str, Any], key: str | None) -> New
                   labels=template.get("labels"), retry=retry)
 
 
+def _keyed(template: Mapping[str, Any]) -> Keyed | None:
+    """The template's thread or key, or None (also for one no longer valid:
+    its tick is then refused, and says why, in _fire)."""
+    try:
+        return Keyed.of(template)
+    except ValidationError:
+        return None
+
+
 def tick_key(schedule_id: UUID, tick: datetime) -> str:
     return f"schedule:{schedule_id}:{tick.isoformat()}"
 
 
-class ScheduleStore(QueueStore, RateStore, WebhookStore):
+class ScheduleStore(KeyedStore, RateStore, WebhookStore):
     async def create_schedule(
         self, tenant_id: str, name: str, cron: Cron, template: Mapping[str, Any], *,
         overlap: Overlap = "skip", paused: bool = False, conn: Conn | None = None,
@@ -108,6 +120,7 @@ class ScheduleStore(QueueStore, RateStore, WebhookStore):
             bounds.check_max_attempts(run.max_attempts)
         bounds.check_object("template.input", run.input, self.max_input_bytes)
         bounds.Budget.parse(run.budget)
+        Keyed.of(template)  # a thread, a key, a singleton or a debounce, in its form
         if run.retry is not None:
             RetryPolicy.checked(run.retry.backoff_base_s, run.retry.backoff_cap_s,
                                 run.retry.non_retryable_codes)
@@ -174,14 +187,26 @@ class ScheduleStore(QueueStore, RateStore, WebhookStore):
 
     async def fire_due_schedules(self, *, batch: int = 100,
                                  conn: Conn | None = None) -> list[Tick]:
-        """Enqueue the due tick of at most `batch` schedules, in one transaction."""
+        """Enqueue the due tick of at most `batch` schedules, in one
+        transaction; then stop the runs their ticks interrupted (a thread's
+        multitask interrupt or rollback, a singleton's cancel_in_progress)."""
         ticks: list[Tick] = []
+        interrupts: list[tuple[UUID, str]] = []
         async with self.connection(conn) as c, c.transaction():
-            for row in await self._rows("schedule_due", {"batch": batch}, c):
-                ticks.append(await self._fire(row, c))
+            rows = await self._rows("schedule_due", {"batch": batch}, c)
+            # Their threads' and keys' rows first, in one order (db/keyed.py).
+            await self.lock_keyed(
+                [(row["pool"], row["tenant_id"], k) for row in rows
+                 if (k := _keyed(row["template"])) is not None], conn=c)
+            for row in rows:
+                ticks.append(await self._fire(row, c, interrupts))
+        for run_id, tenant_id in interrupts:
+            with suppress(RunleaseError):  # it finished meanwhile: nothing to stop
+                await self.interrupt(run_id, tenant_id, conn=conn)
         return ticks
 
-    async def _fire(self, row: Mapping[str, Any], c: Conn) -> Tick:
+    async def _fire(self, row: Mapping[str, Any], c: Conn,
+                    interrupts: list[tuple[UUID, str]]) -> Tick:
         schedule = Schedule.from_row(row)
         now: datetime = row["now"]
         cron = Cron(schedule.cron, schedule.timezone)
@@ -204,10 +229,14 @@ class ScheduleStore(QueueStore, RateStore, WebhookStore):
                     # A tick is a submit of the tenant's: its rate and queue
                     # quota count it, as they count the API's (issue 32).
                     await self.admit_all(schedule.pool, schedule.tenant_id, 1, conn=c)
-                    (result,) = await self.enqueue_many(
+                    joined = await self.submit_keyed(
                         schedule.pool,
-                        [new_run(schedule.tenant_id, schedule.template,
-                                 tick_key(schedule.id, tick))], conn=c)
+                        new_run(schedule.tenant_id, schedule.template,
+                                tick_key(schedule.id, tick)),
+                        Keyed.of(schedule.template), conn=c)
+                    result = joined.result
+                    if joined.interrupt is not None:
+                        interrupts.append((joined.interrupt, schedule.tenant_id))
                     url = schedule.template.get("webhook_url")
                     if url is not None and result.inserted:
                         # Checked again: the admin may have taken the host
@@ -216,10 +245,10 @@ class ScheduleStore(QueueStore, RateStore, WebhookStore):
                             result.run.id, schedule.tenant_id,
                             await self.check_webhook_url(url, conn=c), conn=c)
                 run_id = result.run.id
-            except (ValidationError, IdempotencyConflict, Throttled) as exc:
+            except (ValidationError, IdempotencyConflict, Throttled, ThreadBusy) as exc:
                 # The pool was deleted, the tenant's band moved, the tenant
-                # is over its rate or quota, or it took the tick's key: say
-                # so on the schedule.
+                # is over its rate or quota, it took the tick's key, or the
+                # thread is busy (multitask reject): say so on the schedule.
                 error = f"not enqueued: {exc}"[:1024]
         await self._rows("schedule_advance", {
             "id": schedule.id, "next_tick_at": cron.next_after(now), "tick": tick,

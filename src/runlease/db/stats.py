@@ -15,7 +15,9 @@ from runlease.db.executor import Conn, Executor
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """One pool's queue: per tenant (pending, ready now, leased), dead by code."""
+    """One pool's queue: per tenant (pending, ready now, leased), dead by code;
+    the keys with the most runs parked for a slot (tenant, key) -> waiting,
+    top TOP_KEYS only (issue 27: a gauge of bounded cardinality)."""
 
     by_tenant: dict[str, tuple[int, int, int]]
     dead_by_code: dict[str | None, int]
@@ -26,6 +28,7 @@ class QueueStats:
     @property
     def waiting(self) -> int:
         return sum(self.waiting_by_tenant.values())
+    keys_waiting: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -44,6 +47,8 @@ class QueueStats:
         return sum(self.dead_by_code.values())
 
 
+# Keys the per-key waiting gauge shows per pool (its labels stay bounded).
+TOP_KEYS = 10
 # Folds that moved this many deltas vacuum the deltas table after.
 VACUUM_AFTER = 5_000
 
@@ -54,6 +59,7 @@ class StatsStore(Executor):
     async def queue_stats(self, pool: str, *, conn: Conn | None = None) -> QueueStats:
         tenants = await self._rows("pool_queue_stats", {"pool": pool}, conn)
         dead = await self._rows("pool_dead_stats", {"pool": pool}, conn)
+        keys = await self._rows("keys_waiting_top", {"pool": pool, "limit": TOP_KEYS}, conn)
         return QueueStats(
             by_tenant={r["tenant_id"]: (int(r["pending"]), int(r["ready"]), int(r["leased"]))
                        for r in tenants},
@@ -62,6 +68,7 @@ class StatsStore(Executor):
                                 if r["oldest_ready_s"] is not None), default=0.0),
             waiting_by_tenant={r["tenant_id"]: int(r["waiting"]) for r in tenants
                                if r["waiting"]},
+            keys_waiting={(r["tenant_id"], r["key"]): int(r["waiting"]) for r in keys},
         )
 
     async def startable_runs(self, pool: str, *, conn: Conn | None = None) -> int:

@@ -24,6 +24,7 @@ each concern, each beside its statements in `sql/`:
     threads.py    threads: one active run each  (threads.sql)
     keys.py       concurrency keys and limits   (keys.sql)
     singletons.py singletons and debounce       (singletons.sql)
+    keyed.py      a submit with any of the four, on every path (one lock order)
     webhooks.py   completion webhooks           (webhooks.sql)
 
 Every method validates its input first (nothing is written on bad input),
@@ -40,7 +41,6 @@ from runlease.db.console import ConsoleStore
 from runlease.db.enqueue_batch import BatchEnqueued, BatchStore
 from runlease.db.events import EventStore
 from runlease.db.executor import Conn, stale_writes
-from runlease.db.keys import KeyStore
 from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
@@ -49,9 +49,7 @@ from runlease.db.reruns import RerunStore
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.schedules import ScheduleStore
-from runlease.db.singletons import SingletonStore
 from runlease.db.stats import QueueStats, StatsStore
-from runlease.db.threads import ThreadStore
 from runlease.db.usage import UsageStore
 from runlease.db.webhooks import WebhookStore
 from runlease.db.workers import Registration, WorkerRow, WorkerStore
@@ -73,8 +71,8 @@ __all__ = [
 ]
 
 
-class RunStore(RerunStore, SingletonStore, KeyStore, ThreadStore, BulkStore, ScheduleStore,
-               ChildStore, BatchStore, QueueStore, SearchStore, LeaseStore, EventStore, PoolStore,
+class RunStore(RerunStore, BulkStore, ScheduleStore, ChildStore,
+               BatchStore, QueueStore, SearchStore, LeaseStore, EventStore, PoolStore,
                LeaderStore, StatsStore, WorkerStore, UsageStore, RateStore, WebhookStore,
                ConsoleStore):
     """Every store in one: what the worker, API, operator and services hold."""

@@ -19,6 +19,8 @@ class PoolGauges:
     def __init__(self) -> None:
         # Per pool: the (tenant, state) and error-code label sets last exported.
         self._exported: dict[str, tuple[set[tuple[str, str]], set[str]]] = {}
+        # Per pool: the (tenant, key) of the per-key waiting gauge last exported.
+        self._keys: dict[str, set[tuple[str, str]]] = {}
 
     def export(self, spec: PoolSpec, observed: Observed) -> None:
         stats = observed.queue
@@ -37,6 +39,12 @@ class PoolGauges:
         for tenant, value in stats.waiting_by_tenant.items():
             # Waiting for a person: no slot, not demand for workers.
             metrics.QUEUE_RUNS.labels(spec.pool, tenant, "waiting").set(value)
+        keys_before = self._keys.get(spec.pool, set())
+        for tenant, key in keys_before - set(stats.keys_waiting):
+            metrics.KEY_WAITING.remove(spec.pool, tenant, key)
+        self._keys[spec.pool] = set(stats.keys_waiting)
+        for (tenant, key), n in stats.keys_waiting.items():
+            metrics.KEY_WAITING.labels(spec.pool, tenant, key).set(n)
         for error_code, n in stats.dead_by_code.items():
             metrics.DEAD_RUNS.labels(spec.pool, error_code or "").set(n)
         metrics.OLDEST_PENDING.labels(spec.pool).set(stats.oldest_ready_s)

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as ModelError
 
 from runlease.core import bounds
-from runlease.db.keys import KeyLimits, check_key, checked_key_limits
+from runlease.db.keys import KeyLimits, check_key_limit_name, checked_key_limits
 from runlease.db.models import DEFAULT_RETENTION_S, TenantLimit
 from runlease.errors import ValidationError
 from runlease.operator import names
@@ -338,7 +338,8 @@ def _key_limits(spec: Mapping[str, Any]) -> KeyLimits:
     default = keys.get("defaultLimit")
     named: dict[str, Any] = {}  # limits checked below
     for item in _list(keys, "limits"):
-        key = _bounded("spec.concurrencyKeys.limits[].key", check_key, item.get("key"))
+        key = _bounded("spec.concurrencyKeys.limits[].key", check_key_limit_name,
+                       item.get("key"))
         if key in named:
             raise InvalidSpec(f"spec.concurrencyKeys.limits names key {key!r} twice")
         named[key] = item.get("maxInFlight")

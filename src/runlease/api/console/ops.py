@@ -16,6 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 from runlease.api.console.deps import AdminForm, AdminWho, BadRequest, Store, console_state
 from runlease.core import bounds
 from runlease.core.states import RunStatus
+from runlease.db.keys import KeyLimits
 from runlease.db.models import Pool
 from runlease.db.store import RunStore
 from runlease.db.workers import PoolHealth, WorkerRow
@@ -104,7 +105,8 @@ async def pool_view(store: RunStore, pool: Pool) -> dict[str, Any]:
                      "limit": own if own is not None else pool.default_max_in_flight})
     health = (await store.pool_health(HEALTH_WINDOW_S, pool.name)).get(pool.name, PoolHealth())
     return {"pool": pool, "stats": stats, "tenants": rows,
-            "more_tenants": max(0, len(tenants) - MAX_TENANTS_SHOWN), "health": health}
+            "more_tenants": max(0, len(tenants) - MAX_TENANTS_SHOWN), "health": health,
+            "key_limits": await store.key_limits(pool.name)}
 
 
 @router.get("/pools")
@@ -153,6 +155,31 @@ async def pool_limit(name: str, form: AdminForm, store: Store) -> Response:
         await store.set_tenant_limit(name, tenant, int(raw) if raw else None)
     except (ValidationError, UnknownPool) as exc:
         raise BadRequest(str(exc)) from None
+    return see_other("/ui/pools?notice=saved")
+
+
+@router.post("/pools/{name}/key-limit")
+async def pool_key_limit(name: str, form: AdminForm, store: Store) -> Response:
+    """One key's (or pattern's) limit, or the pool's default per-key limit
+    (no key); empty removes it. The other limits are kept."""
+    key = form.get("key").strip()
+    raw = form.get("max_in_flight").strip()
+    if raw and not raw.isdigit():
+        raise BadRequest("max_in_flight: a whole number, or empty to remove the limit")
+    await _pool(store, name)
+    current = await store.key_limits(name)
+    keys = dict(current.keys)
+    default = current.default
+    if not key:
+        default = int(raw) if raw else None
+    elif raw:
+        keys[key] = int(raw)
+    else:
+        keys.pop(key, None)
+    try:
+        await store.replace_key_limits(name, KeyLimits(default, keys))
+    except ValidationError as exc:
+        raise BadRequest(f"{exc.field}: {exc.message}") from None
     return see_other("/ui/pools?notice=saved")
 
 

@@ -169,9 +169,13 @@ async def run_context(request: Request, run_id: UUID, who: Who,
     lifecycle = await store.lifecycle(run_id)
     inputs = (await store.input_requests(run_id, tenant_id=who.scope)
               if run.status == RunStatus.WAITING else [])
+    # Its thread's neighbours: the two runs before it and the two after.
+    neighbours = (await store.thread_runs(run.tenant_id, run.thread_id,
+                                          after=max(0, (run.thread_seq or 0) - 3), limit=5)
+                  if run.thread_id is not None else [])
     return {"viewer": who, "run": run, "notice": notice, "lifecycle": lifecycle,
             "attempts": attempts(run, await store.holders(run_id), lifecycle),
-            "finished": run.status in FINISHED,
+            "finished": run.status in FINISHED, "neighbours": neighbours,
             "inputs": [i for i in inputs if i.open], "input_error": None}
 
 

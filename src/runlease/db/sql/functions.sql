@@ -813,12 +813,20 @@ CREATE OR REPLACE TRIGGER agent_runs_thread_advance
     EXECUTE FUNCTION runlease_thread_advance();
 
 
--- Concurrency keys (issue 27, migration 0017): a pool's limit for a key (its
--- own row, else the pool's default '*', else NULL: unlimited).
+-- Concurrency keys (issue 27, migration 0017): a pool's limit for a key:
+-- its own row, else the longest pattern it matches (`*` any characters;
+-- migration 0021; ties by the pattern's text), else the pool's default '*',
+-- else NULL: unlimited. The patterns are read from the pool's rows (at most
+-- 1,000), at a submit or a finish of a keyed run, never by a claim.
 CREATE OR REPLACE FUNCTION runlease_key_limit(p_pool text, p_key text) RETURNS integer
 LANGUAGE sql STABLE
 RETURN coalesce((SELECT l.max_in_flight FROM agent_run_key_limits l
                   WHERE l.pool = p_pool AND l.key = p_key),
+                (SELECT l.max_in_flight FROM agent_run_key_limits l
+                  WHERE l.pool = p_pool AND l.key <> '*' AND strpos(l.key, '*') > 0
+                    AND p_key LIKE replace(replace(l.key, '_', '\_'), '*', '%')
+                  ORDER BY length(l.key) DESC, l.key
+                  LIMIT 1),
                 (SELECT l.max_in_flight FROM agent_run_key_limits l
                   WHERE l.pool = p_pool AND l.key = '*'));
 
@@ -855,6 +863,8 @@ BEGIN
        SET delayed = true, key_due_at = r.available_at,
            available_at = '9999-01-01 00:00:00+00'::timestamptz
      WHERE r.id = p_run;
+    UPDATE agent_run_keys k SET waiting = k.waiting + 1
+     WHERE k.pool = v_run.pool AND k.tenant_id = v_run.tenant_id AND k.key = p_key;
     RETURN true;
 END;
 $$;
@@ -876,6 +886,10 @@ DECLARE
     v_next   record;
 BEGIN
     IF NEW.finished_at IS NOT NULL AND OLD.key_due_at IS NOT NULL THEN
+        -- A parked run finished (a cancel): it held no slot; one less waits.
+        UPDATE agent_run_keys k SET waiting = greatest(k.waiting - 1, 0)
+         WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id
+           AND k.key = NEW.concurrency_key;
         RETURN NULL;
     END IF;
     INSERT INTO agent_run_keys (pool, tenant_id, key)
@@ -895,6 +909,11 @@ BEGIN
                SET delayed = true, key_due_at = r.available_at,
                    available_at = '9999-01-01 00:00:00+00'::timestamptz
              WHERE r.id = NEW.id AND r.status = 'pending';
+            IF FOUND THEN
+                UPDATE agent_run_keys k SET waiting = k.waiting + 1
+                 WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id
+                   AND k.key = NEW.concurrency_key;
+            END IF;
         END IF;
         RETURN NULL;
     END IF;
@@ -910,6 +929,9 @@ BEGIN
         IF FOUND THEN
             UPDATE agent_runs r SET available_at = v_next.due, key_due_at = NULL
              WHERE r.id = v_next.id;
+            UPDATE agent_run_keys k SET waiting = greatest(k.waiting - 1, 0)
+             WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id
+               AND k.key = NEW.concurrency_key;
             IF v_next.due <= v_ts THEN
                 PERFORM pg_notify('runlease_pool_' || v_next.pool, v_next.pool);
             END IF;
@@ -980,7 +1002,8 @@ BEGIN
             RETURNING r.id
         )
         SELECT count(*) INTO v_n FROM moved;
-        UPDATE agent_run_keys k SET active = k.active + v_n
+        UPDATE agent_run_keys k SET active = k.active + v_n,
+                                    waiting = greatest(k.waiting - v_n, 0)
          WHERE k.pool = p_pool AND k.tenant_id = v_key.tenant_id AND k.key = v_key.concurrency_key;
         v_moved := v_moved + v_n;
     END LOOP;

@@ -35,10 +35,34 @@ SELECT runlease_key_refill(%(pool)s, %(batch)s, %(now)s::timestamptz) AS moved;
 
 
 -- name: key_active
--- How many runs of a tenant's key hold a slot, and how many wait parked.
+-- How many runs of a tenant's key hold a slot, and how many wait parked:
+-- counted (the maintained `waiting`) and read.
 SELECT coalesce((SELECT k.active FROM agent_run_keys k
                   WHERE k.pool = %(pool)s AND k.tenant_id = %(tenant)s AND k.key = %(key)s),
                 0) AS active,
+       coalesce((SELECT k.waiting FROM agent_run_keys k
+                  WHERE k.pool = %(pool)s AND k.tenant_id = %(tenant)s AND k.key = %(key)s),
+                0) AS waiting,
        (SELECT count(*) FROM agent_runs r
          WHERE r.pool = %(pool)s AND r.tenant_id = %(tenant)s AND r.concurrency_key = %(key)s
            AND r.key_due_at IS NOT NULL AND r.status = 'pending') AS parked;
+
+
+-- name: key_lock
+-- The key's row (made on first use), locked for the transaction: a batch
+-- takes its keys' rows first, in one order (db/keyed.py, lock_keyed).
+INSERT INTO agent_run_keys AS k (pool, tenant_id, key)
+VALUES (%(pool)s, %(tenant)s, %(key)s)
+    ON CONFLICT (pool, tenant_id, key) DO UPDATE SET active = k.active
+RETURNING k.active;
+
+
+-- name: keys_waiting_top
+-- A pool's keys with the most runs parked for a slot (the per-key waiting
+-- gauge: top keys only), from agent_run_keys_waiting_idx: `limit` entries
+-- read however many keys or parked runs there are.
+SELECT k.tenant_id, k.key, k.waiting, k.active
+  FROM agent_run_keys k
+ WHERE k.pool = %(pool)s AND k.waiting > 0
+ ORDER BY k.waiting DESC
+ LIMIT %(limit)s;
