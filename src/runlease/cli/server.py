@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from runlease import __version__, logs
+from runlease import __version__, logs, tracing
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.folder_lock import FolderBusy, FolderLock
 from runlease.db.migrate import migrate as apply_migrations
@@ -121,9 +121,12 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--demo", is_flag=True,
               help="Submit demo runs for three tenants and show them live; the stack "
                    "keeps serving (web console at /ui/) until Ctrl-C.")
+@click.option("--prometheus", is_flag=True,
+              help="Also start a Prometheus server (Debian's `prometheus`) with runlease's "
+                   "alert rules, scraping the API and the workers; the banner shows its URL.")
 def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers: int,
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
-        demo: bool) -> None:
+        demo: bool, prometheus: bool) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
     from runlease.api.auth import ADMIN, TokenRegistry, parse_token_pairs
     from runlease.dev import DevOptions, run_dev, seal_tokens
@@ -149,8 +152,15 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
             raise click.BadParameter(str(exc), param_hint="--admin-token") from None
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
                          workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
-                         admin_token=admin_token, demo=demo)
-    sys.exit(asyncio.run(run_dev(options, click.echo)))
+                         admin_token=admin_token, demo=demo, prometheus=prometheus)
+    # The API runs in this process; the workers, `runlease worker` processes,
+    # set tracing up themselves from the same OTEL_* variables.
+    tracing.setup("runlease-api")
+    try:
+        code = asyncio.run(run_dev(options, click.echo))
+    finally:
+        tracing.shutdown()
+    sys.exit(code)
 
 
 @main.command()
@@ -174,7 +184,12 @@ def worker(**options: object) -> None:
     # one collects when most of them are freed already (refcounting frees a
     # run's objects: they hold no cycle, see worker/runner.py).
     gc.set_threshold(10_000, 10, 10)
-    sys.exit(asyncio.run(Worker(settings).run()))
+    tracing.setup("runlease-worker")  # when the OTEL_* variables ask (docs/operations.md)
+    try:
+        code = asyncio.run(Worker(settings).run())
+    finally:
+        tracing.shutdown()
+    sys.exit(code)
 
 
 @main.command()
@@ -191,11 +206,15 @@ def api(**options: object) -> None:
         # would fail at random as 500s; refuse in one line instead.
         asyncio.run(check_behind_pooler(settings.database_url,
                                         prepared=settings.prepared_statements, listen=False))
+    tracing.setup("runlease-api")  # when the OTEL_* variables ask (docs/operations.md)
     app = create_app(settings)
     # Bound before anything starts: a busy port is one line, not a traceback.
     server = ApiServer(app, settings.host, settings.port,
                        sock=bind_socket(settings.host, settings.port))
-    run_forever(server)
+    try:
+        run_forever(server)
+    finally:
+        tracing.shutdown()
 
 
 @main.command()
