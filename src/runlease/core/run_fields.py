@@ -50,3 +50,4 @@ class RunFields(RunHead):
     thread_id: str | None = None  # its thread (issue 27)
     rolled_back: bool = False  # interrupted by a multitask 'rollback' submit
     concurrency_key: str | None = None  # its key: the pool limits runs per key
+    title: str | None = None  # a short summary given at submit (issue 29)

@@ -87,6 +87,7 @@ class Run(RunHead):
     # Set while parked behind its thread's head or its key's limit: when it was due.
     thread_due_at: datetime | None = None
     key_due_at: datetime | None = None
+    title: str | None = None  # a short summary given at submit (issue 29), redacted
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
