@@ -60,6 +60,12 @@ def span(start: datetime | None, end: datetime | None) -> str:
     return duration(seconds(start, end))
 
 
+def status_name(value: Any) -> str:
+    """A run's status as text: an enum's value, or the text itself (a status
+    this console does not know yet still shows, and styles as a plain badge)."""
+    return str(getattr(value, "value", value))
+
+
 def iso(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).isoformat()
 
@@ -74,7 +80,8 @@ def make_env() -> Environment:
                       autoescape=select_autoescape(default=True, default_for_string=True),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(when=when, pretty=pretty, short=short, json_attr=_json_attr,
-                       duration=duration, span=span, iso=iso, summary=summary, took=took)
+                       duration=duration, span=span, iso=iso, summary=summary, took=took,
+                       status_name=status_name)
     return env
 
 

@@ -114,11 +114,15 @@ def _attempt_spans(run: Run, attempts: list[Attempt], now: datetime,
         detail = a.outcome + (f" ({a.error_code})" if a.error_code else "")
         spans.append(_Span("attempt", label, a.started, max(stop, a.started), detail, running))
         previous = a.ended if not running else None
-    if run.finished_at is None and run.status.value == "pending":
+    status = getattr(run.status, "value", str(run.status))
+    if run.finished_at is None and status != "leased":
+        # Pending again, or in a state of its own (`waiting` for a person's
+        # input, issue 28; any status this console does not know): until now.
         since = previous if attempts else run.created_at
+        label = ("waiting to retry" if attempts else "queued") if status == "pending" \
+            else status
         if since is not None:
-            spans.append(_Span("queued", "waiting to retry" if attempts else "queued", since,
-                               max(now, since), running=True))
+            spans.append(_Span("queued", label, since, max(now, since), running=True))
     return spans
 
 

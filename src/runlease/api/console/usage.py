@@ -96,5 +96,6 @@ async def usage_page(request: Request, who: Who, store: Store) -> Response:
               "cost": sum(r.cost for r in rows), "records": sum(r.records for r in rows)}
     return console_state(request).renderer.page(request, "usage.html", {
         "viewer": who, "rows": rows, "start": start, "end": end, "pool": pool or "",
-        "tenant": tenant or "", "bars": chart(rows, start, end), "totals": totals,
+        "tenant": tenant or "", "bars": (bars := chart(rows, start, end)), "totals": totals,
+        "top": max((b.tokens for b in bars), default=0),
         "more": len(rows) == MAX_USAGE_ROWS})
