@@ -233,7 +233,8 @@ def test_watch_cancel_and_redrive_in_a_real_browser(stack: ApiProcess, browser: 
 
     # As admin: a dead run, redriven from its page, runs again and ends done.
     gate = tmp_path / "gate"
-    dead = submit(api, "acme", {"input": {"fail_until_file": str(gate),
+    dead = submit(api, "acme", {"title": "Publish once the gate opens",
+                                "input": {"fail_until_file": str(gate),
                                           "steps": [{"emit": {"text": "made it"}}]}})
     driver.find_element(By.CSS_SELECTOR, ".signout button").click()
     wait(driver, "the sign-in page", lambda d: d.current_url.endswith("/ui/login"))
