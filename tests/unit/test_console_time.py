@@ -85,3 +85,11 @@ def test_the_runs_table_shows_a_status_it_does_not_know() -> None:
     assert '<span class="badge waiting">waiting</span>' in page
     assert 'href="/ui/runs?status=waiting"' in page  # its count links to its filter
     assert "Asks a person" in page
+
+
+def test_a_run_cancelled_before_any_claim_shows_its_wait() -> None:
+    run = a_run(RunStatus.CANCELLED, attempts=0, finished_at=T0 + timedelta(seconds=8))
+    drawn = timeline(run, [], TimelineRows(T0 + timedelta(seconds=30), [], []))
+    assert [(b.label, b.left, b.width, b.detail) for b in drawn.bars] == [
+        ("queued, never claimed", 0.0, 100.0, "cancelled")]
+    assert drawn.seconds == 8

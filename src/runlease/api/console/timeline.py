@@ -115,6 +115,10 @@ def _attempt_spans(run: Run, attempts: list[Attempt], now: datetime,
         spans.append(_Span("attempt", label, a.started, max(stop, a.started), detail, running))
         previous = a.ended if not running else None
     status = getattr(run.status, "value", str(run.status))
+    if run.finished_at is not None and not attempts:  # ended before any worker claimed it
+        label = "queued, never claimed" if not run.attempts else "no attempt recorded"
+        spans.append(_Span("queued", label, run.created_at,
+                           max(run.finished_at, run.created_at), status))
     if run.finished_at is None and status != "leased":
         # Pending again, or in a state of its own (`waiting` for a person's
         # input, issue 28; any status this console does not know): until now.
