@@ -58,6 +58,10 @@ async def test_a_title_through_the_api_the_sdk_and_the_cli(api: Api, db_url: str
                                "from the CLI", "-o", "json")
     assert code == 0, err
     assert json.loads(out)["title"] == "from the CLI"
+    code, out, err = await cli(api, "runs", "list", "-o", "wide")
+    assert code == 0, err
+    assert out.splitlines()[0].split()[-2:] == ["TITLE", "CREATED"]
+    assert any(" from the CLI " in line for line in out.splitlines())
     with psycopg.connect(db_url) as conn:
         titles = {t for (t,) in conn.execute("SELECT title FROM agent_runs")}
     assert titles == {"Nightly eval: search", None, "first of a batch \u00e9", "from the SDK",
