@@ -6,7 +6,8 @@ Fills agent_runs with N finished and pending runs over T tenants (in one
 INSERT ... SELECT per batch, through the store's enqueue_many), serves the
 API in this process, signs in as a tenant and as admin, then times each page
 (median and p99 of 50 requests, one at a time): the runs page, its live
-fragment (polled every 3 s by each open page), a run's page, pools.
+fragment (polled every 3 s by each open page), filtered by one status and
+by two, a run's page (with its timeline), the usage page, pools.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     for name, path in (("runs page", "/ui/runs"),
                                        ("live fragment", "/ui/runs/table"),
                                        ("filtered: pending", "/ui/runs/table?status=pending"),
+                                       ("filtered: dead or cancelled",
+                                        "/ui/runs/table?status=dead&status=cancelled"),
+                                       ("usage, 14 days", "/ui/usage"),
                                        ("a run's page", f"/ui/runs/{any_run}"),
                                        *([("pools", "/ui/pools")] if who == "admin" else [])):
                         figures[f"{who}: {name}"] = await time_page(http, path)

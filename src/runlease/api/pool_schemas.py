@@ -27,6 +27,7 @@ from runlease.core.defaults import (
     DEFAULT_RETENTION_S,
 )
 from runlease.db.models import Pool, TenantLimit
+from runlease.db.workers import PoolService
 
 
 def _keys_are_tenants_quotas(schema: dict[str, Any]) -> None:
@@ -54,6 +55,16 @@ class TenantRate(Strict):
     tokens_per_minute: Annotated[int, Field(strict=True, ge=1,
                                             le=bounds.TOKENS_PER_MINUTE_MAX),
                                  INTEGRAL] | None = None
+
+
+class PoolServiceOut(BaseModel):
+    """Whether a pool is served, now (read-only)."""
+
+    live_workers: int = Field(description="Its workers alive now (registered, heartbeating).")
+    claimable: bool = Field(description="One of its runs could be claimed now (pending and "
+                                        "due; the pool not paused).")
+    unserved: bool = Field(description="Runs are claimable and no live worker serves the "
+                                       "pool: they wait until one starts.")
 
 
 class PoolIn(Strict):
@@ -102,6 +113,9 @@ class PoolIn(Strict):
         default_factory=dict, max_length=10_000,
         description="Per-tenant quotas of waiting runs; tenants not named have the default.",
         json_schema_extra=_keys_are_tenants_quotas)
+    service: PoolServiceOut | None = Field(
+        None, description="Read-only (what GET answers): ignored, so that a pool read can be "
+                          "written back whole, as clients that knew no such member do.")
 
     def tenants(self) -> dict[str, TenantLimit]:
         names = list(dict.fromkeys([*self.tenant_limits, *self.tenant_priority,
@@ -130,11 +144,18 @@ class PoolOut(BaseModel):
     tenant_rates: dict[str, TenantRate] = Field(default_factory=dict)
     default_max_pending: int | None = None
     tenant_max_pending: dict[str, int] = Field(default_factory=dict)
+    service: PoolServiceOut | None = Field(
+        None, description="Read-only, now: its live workers, whether a run could be claimed, "
+                          "and `unserved` when one could and no live worker serves the pool.")
 
     @classmethod
     def of(cls, pool: Pool, tenants: dict[str, TenantLimit],
-           quotas: tuple[int | None, dict[str, int]] = (None, {})) -> PoolOut:
-        return cls(name=pool.name, default_max_pending=quotas[0],
+           quotas: tuple[int | None, dict[str, int]] = (None, {}),
+           service: PoolService | None = None) -> PoolOut:
+        return cls(name=pool.name,
+                   service=None if service is None else PoolServiceOut(
+                       live_workers=service.live_workers, claimable=service.claimable,
+                       unserved=service.unserved), default_max_pending=quotas[0],
                    tenant_max_pending=quotas[1], max_attempts=pool.max_attempts,
                    lease_s=pool.lease_s,
                    default_max_in_flight=pool.default_max_in_flight,

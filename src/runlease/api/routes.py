@@ -97,7 +97,8 @@ def new_run(body: RunCreate, tenant: str, idempotency_key: str | None, *,
         tenant, body.input, body.priority, body.max_attempts,
         None if body.budget is None else body.budget.model_dump(exclude_none=True),
         idempotency_key, body.labels, body.run_at, body.delay_s, body.pool,
-        retry=retry_policy(body), input_parsed=input_parsed, traceparent=traceparent)
+        retry=retry_policy(body), input_parsed=input_parsed, traceparent=traceparent,
+        title=body.title)
 
 
 SUBMIT_403 = {"model": ErrorBody,
@@ -377,8 +378,11 @@ async def redrive(run_id: UUID, who: Admin, store: Store) -> RunOut:
 
 @router.get("/pools", response_model=list[PoolOut])
 async def pools(who: Admin, store: Store) -> list[PoolOut]:
-    """Pools and their tenant limits (admin)."""
-    return [PoolOut.of(p, await store.tenant_settings(p.name), await store.queue_quotas(p.name))
+    """Pools and their tenant limits (admin); `unserved` flags a pool whose runs
+    could be claimed now while no live worker serves it."""
+    service = await store.pool_service()
+    return [PoolOut.of(p, await store.tenant_settings(p.name), await store.queue_quotas(p.name),
+                       service.get(p.name))
             for p in await store.list_pools()]
 
 
@@ -393,7 +397,8 @@ async def get_pool(
     if pool is None:
         raise HTTPException(404, f"no pool {pool_name!r}")
     return PoolOut.of(pool, await store.tenant_settings(pool_name),
-                      await store.queue_quotas(pool_name))
+                      await store.queue_quotas(pool_name),
+                      (await store.pool_service(pool_name)).get(pool_name))
 
 
 @router.put("/pools/{pool_name}", response_model=PoolOut, dependencies=[JsonBody],
@@ -414,4 +419,5 @@ async def put_pool(
         await store.set_queue_quotas(pool_name, body.default_max_pending,
                                      body.tenant_max_pending, conn=conn)
     return PoolOut.of(pool, await store.tenant_settings(pool_name),
-                      await store.queue_quotas(pool_name))
+                      await store.queue_quotas(pool_name),
+                      (await store.pool_service(pool_name)).get(pool_name))

@@ -168,6 +168,10 @@ def _one_start_rule(schema: dict[str, Any]) -> None:
                            "non_retryable_codes": ["invalid_input"]}]
 
 
+Title = Annotated[str, StringConstraints(min_length=1, max_length=bounds.TITLE_MAX_CHARS,
+                                         pattern=bounds.TITLE_PATTERN)]
+
+
 class RunSettings(Strict):
     """What a run is and how it is retried: the fields a submit and a
     schedule's template (api/schedules.py) share."""
@@ -286,6 +290,11 @@ class RunCreate(KeyedSettings):
         description="Not before this many seconds from now. Not with `run_at`.",
         examples=[300])
 
+    title: Title | None = Field(
+        None, examples=["Summarise the incident report"],
+        description=f"A short summary of the run (one line, at most {bounds.TITLE_MAX_CHARS} "
+                    "characters), shown by the console's runs list; stored redacted, like "
+                    "error messages and events.")
     parent_run_id: UUID | None = Field(
         None, description="Submit the run as a child of this run (the same tenant's, "
                           "not finished): cancelling the parent cancels it.")
@@ -338,6 +347,7 @@ def described(about: dict[str, dict[str, Any]]) -> ConfigDict:
     "backoff_base_s": {"description": "The run's retry policy."},
     "awaiting_children": {"description": "Pending and waiting for its children (holding no "
                                          "worker)."},
+    "title": {"description": "The title given at submit, as stored (redacted)."},
 }))
 class RunOut(RunFields):
     """A run."""
@@ -383,6 +393,7 @@ def run_out_fields(run: Run, *, admin: bool) -> dict[str, Any]:
         "concurrency_key": run.concurrency_key,
         "messages": {"sent": run.inbox_seq, "taken": run.inbox_read},
         "rerun_of": run.rerun_of,
+        "title": run.title,
     }
 
 

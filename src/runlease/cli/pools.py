@@ -28,11 +28,26 @@ def pools_list(api_url: str, token: str, as_json: bool) -> None:
         emit_json(items)
         return
     printing.table(items, POOL_COLUMNS)
+    for p in items:
+        if (p.get("service") or {}).get("unserved"):
+            click.echo(f"warning: pool {p['name']} has runs ready to claim and no live "
+                       "worker: they wait until one starts (runlease worker --pool "
+                       f"{p['name']}, or an AgentRunPool)", err=True)
+
+
+def _workers(p: dict[str, Any]) -> str:
+    """Live workers; `0!` when runs are ready and none is there to claim them."""
+    service = p.get("service") or {}
+    live = service.get("live_workers")
+    if live is None:
+        return ""
+    return f"{live}!" if service.get("unserved") else str(live)
 
 
 POOL_COLUMNS = (
     printing.Column("NAME", lambda p: p["name"]),
     printing.Column("PAUSED", lambda p: bool(p.get("paused"))),
+    printing.Column("WORKERS", _workers),
     printing.Column("MAX ATTEMPTS", lambda p: p["max_attempts"]),
     printing.Column("LEASE S", lambda p: p["lease_s"]),
     printing.Column("DEFAULT LIMIT", lambda p: p["default_max_in_flight"]),
@@ -91,7 +106,7 @@ def merge_pool(current: dict[str, Any] | None, given: dict[str, Any],
                rates: dict[str, dict[str, int] | None] | None = None) -> dict[str, Any]:
     """The PUT body: the pool as it is (or the defaults, for a new pool), with
     only what was given changed. A tenant named with `none` loses that setting."""
-    body = {k: v for k, v in (current or {}).items() if k != "name"}
+    body = {k: v for k, v in (current or {}).items() if k not in ("name", "service")}
     body.update(given)
     for key, changes in (("tenant_limits", limits), ("tenant_priority", bands),
                          ("tenant_rates", rates or {})):

@@ -128,6 +128,8 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
 @click.option("--debounce", metavar="KEY:WINDOW_S:MAX_DELAY_S",
               help="Submits of KEY within WINDOW_S make one run (the last input wins), "
                    "started at most MAX_DELAY_S after the first.")
+@click.option("--title", help="A one-line summary of the run (at most 200 characters), shown "
+                              "by the console's runs list; stored redacted.")
 def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            runs_file: str | None, pool: str | None, priority: int | None,
            max_attempts: int | None, budget: str | None, idempotency_key: str | None,
@@ -136,7 +138,7 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
            webhook_url: str | None = None, dry_run: bool = False,
            thread_id: str | None = None, multitask: str | None = None,
            concurrency_key: str | None = None, singleton: str | None = None,
-           debounce: str | None = None, **retry: Any) -> None:
+           debounce: str | None = None, title: str | None = None, **retry: Any) -> None:
     """Enqueue a run (--input), or many from a JSON-lines file (--file)."""
     if (input_json is None) == (runs_file is None):
         raise click.UsageError("give --input (one run) or --file (many)")
@@ -164,7 +166,8 @@ def submit(api_url: str, token: str, as_json: bool, input_json: str | None,
                          webhook_url=webhook_url,
                          thread_id=thread_id, multitask=multitask,
                          concurrency_key=concurrency_key, singleton=keyed_singleton(singleton),
-                         debounce=keyed_debounce(debounce), **retry_kwargs(**retry))
+                         debounce=keyed_debounce(debounce), title=title,
+                         **retry_kwargs(**retry))
     if as_json:
         emit_json(run)
     else:

@@ -142,6 +142,8 @@ RUN_COLUMNS = (
     printing.Column("ERROR", lambda r: r.error_code, wide=True),
     printing.Column("LABELS", lambda r: ",".join(f"{k}={v}" for k, v in
                                                  (r.labels or {}).items()), wide=True),
+    # Before CREATED: a title has spaces, and CREATED stays the last word of a row.
+    printing.Column("TITLE", lambda r: r.title, wide=True),
     printing.Column("CREATED", lambda r: r.created_at, wide=True),
 )
 TENANT = printing.Column("TENANT", lambda r: r.tenant_id)

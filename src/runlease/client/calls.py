@@ -207,9 +207,11 @@ class Calls:
                thread_id: str | None = None, multitask: str | None = None,
                concurrency_key: str | None = None,
                singleton: Mapping[str, Any] | None = None,
-               debounce: Mapping[str, Any] | None = None) -> Call[RunView]:
-        """Enqueue a run; `labels` to find it by, `run_at` or `delay_s` to start it
-        later; `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
+               debounce: Mapping[str, Any] | None = None,
+               title: str | None = None) -> Call[RunView]:
+        """Enqueue a run; `title` a one-line summary (the console lists it),
+        `labels` to find it by, `run_at` or `delay_s` to start it later;
+        `parent_run_id` makes it a child of that run; `webhook_url` is POSTed
         a signed notice when it ends; backoff_* and non_retryable_codes its retry
         policy (left out: 5 s doubling up to 300 s, every error retried);
         `thread_id` puts it in a thread (one run at a time, in submit order) and
@@ -230,7 +232,8 @@ class Calls:
                            ("thread_id", thread_id), ("multitask", multitask),
                            ("concurrency_key", concurrency_key),
                            ("singleton", None if singleton is None else dict(singleton)),
-                           ("debounce", None if debounce is None else dict(debounce))):
+                           ("debounce", None if debounce is None else dict(debounce)),
+                           ("title", title)):
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}

@@ -39,6 +39,10 @@ THREAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 # A key limit's name (migration 0021): a key, or a pattern where `*` stands
 # for any characters ("user-*"); agent_run_key_limits' CHECK says the same.
 KEY_PATTERN_PATTERN = r"^[A-Za-z0-9*][A-Za-z0-9._:@*-]{0,127}$"
+# A run's title (issue 29): a line of text, shown by the console's runs list;
+# agent_runs' CHECK says the same (migration 0020).
+TITLE_MAX_CHARS = 200
+TITLE_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 
 # Pool names become part of a NOTIFY channel name (63 bytes at most) and follow
 # Kubernetes naming, since a pool is usually an AgentRunPool's metadata.name.
@@ -49,6 +53,7 @@ _POOL_RE = re.compile(POOL_PATTERN)
 _THREAD_RE = re.compile(THREAD_PATTERN.replace("$", r"\Z"))
 _KEY_PATTERN_RE = re.compile(KEY_PATTERN_PATTERN.replace("$", r"\Z"))
 _PRINTABLE_RE = re.compile(r"^[^\x00-\x20\x7f]+$")
+_TITLE_RE = re.compile(TITLE_PATTERN.replace("$", r"\Z"))
 _EVENT_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _ERROR_CODE_RE = _EVENT_KIND_RE
 INVALID_ERROR_CODE = "invalid_error_code"
@@ -126,6 +131,16 @@ def check_pool(value: object) -> str:
             "pool", "must be lowercase letters, digits and '-', starting and ending alphanumeric"
         )
     return _text("pool", value, POOL_MAX_CHARS, _POOL_RE)
+
+
+def check_title(value: object) -> str:
+    """A run's title: one line (no control character), 1-200 characters."""
+    title = _text("title", value, TITLE_MAX_CHARS, _TITLE_RE)
+    try:
+        title.encode()
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 for it
+        raise ValidationError("title", "has a character that is not valid Unicode") from None
+    return title
 
 
 def check_idempotency_key(value: object) -> str:

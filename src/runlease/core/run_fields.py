@@ -53,3 +53,4 @@ class RunFields(RunHead):
     # Its inbox (issue 28): {"sent": messages sent to it, "taken": by its agent}.
     messages: dict[str, int] = field(default_factory=lambda: {"sent": 0, "taken": 0})
     rerun_of: UUID | None = None  # the run this one reruns
+    title: str | None = None  # a short summary given at submit (issue 29)

@@ -5,6 +5,7 @@ idempotency key, and a run's holders and lifecycle events."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
@@ -13,6 +14,8 @@ from runlease.db.executor import Conn, Executor
 from runlease.db.models import Event, Run
 
 MAX_LIFECYCLE = 200
+MAX_TIMELINE_ROWS = 200  # steps, and tool events, each
+MAX_USAGE_ROWS = 1000
 SHOWN = ("pending", "leased", "waiting", "done", "dead", "cancelled")
 
 
@@ -28,6 +31,34 @@ class StatusCounts:
     @property
     def total(self) -> int:
         return sum(self.by_status.values())
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineRows:
+    """A run's times beyond its holders and lifecycle: the database's now,
+    its steps' commits (key, attempt, when) and its tool events (kind, seq,
+    the data that times them, when), each oldest first."""
+
+    now: datetime
+    steps: list[tuple[str, int, datetime]]
+    tools: list[tuple[str, int, dict[str, Any], datetime]]
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDay:
+    """Usage of one tenant in one pool on one UTC day."""
+
+    day: date
+    tenant_id: str
+    pool: str
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    records: int
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
 
 
 class ConsoleStore(Executor):
@@ -81,3 +112,29 @@ class ConsoleStore(Executor):
         """The run's latest run.* events, oldest first (at most limit)."""
         rows = await self._rows("console_run_lifecycle", {"id": run_id, "limit": limit}, conn)
         return [Event.from_row({**r, "run_id": run_id}) for r in reversed(rows)]
+
+    async def run_timeline(self, run_id: UUID, *, limit: int = MAX_TIMELINE_ROWS,
+                           conn: Conn | None = None) -> TimelineRows:
+        """What a run's timeline draws besides holders and lifecycle (TimelineRows)."""
+        rows = await self._rows("console_run_timeline", {"id": run_id, "limit": limit}, conn)
+        now = next(r["at"] for r in rows if r["what"] == "now")
+        steps = [(str(r["key"]), int((r["data"] or {}).get("attempt") or 0), r["at"])
+                 for r in rows if r["what"] == "step"]
+        tools = [(str(r["what"]), int(r["key"]), dict(r["data"] or {}), r["at"])
+                 for r in rows if r["what"] not in ("now", "step")]
+        return TimelineRows(now, steps, sorted(tools, key=lambda t: t[1]))
+
+    async def usage_by_day(
+        self, *, start: date, end: date, tenant_id: str | None = None,
+        pool: str | None = None, limit: int = MAX_USAGE_ROWS, conn: Conn | None = None,
+    ) -> list[UsageDay]:
+        """Usage per UTC day, tenant and pool, newest day first (at most limit rows)."""
+        if tenant_id is not None:
+            bounds.check_tenant(tenant_id)
+        if pool is not None:
+            bounds.check_pool(pool)
+        rows = await self._rows("console_usage", {
+            "from": start, "to": end, "tenant": tenant_id, "pool": pool, "limit": limit}, conn)
+        return [UsageDay(r["day"], r["tenant_id"], r["pool"], int(r["input_tokens"]),
+                         int(r["output_tokens"]), float(r["cost"]), int(r["records"]))
+                for r in rows]

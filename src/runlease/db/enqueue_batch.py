@@ -46,7 +46,7 @@ _NORMALIZED = re.compile(r"[0-9][eE]|-0\.0(?![0-9])")
 
 _USAGE = ('"usage":{"input_tokens":0,"output_tokens":0,"cost":0.0,"turns":0,'
           '"tool_calls":0},"parent_run_id":null,"awaiting_children":false,'
-          '"thread_id":null,"rolled_back":false,"concurrency_key":null}')
+          '"thread_id":null,"rolled_back":false,"concurrency_key":null,"title":')
 
 
 @dataclass
@@ -122,10 +122,11 @@ class BatchStore(QueueStore):
                          for r in await self._rows("run_get_many", {"ids": whole}, c)}
         done = BatchEnqueued([], [])
         texts = _Texts()
-        for outcome, run_pool, tenant, priority, key, input_text, budget, labels, retry in zip(
+        for (outcome, run_pool, tenant, priority, key, input_text, budget, labels, retry,
+             title) in zip(
                 outcomes, params["pools"], params["tenants"], params["priorities"],
                 params["keys"], params["inputs"], params["budgets"], params["labels"],
-                params["retries"], strict=True):
+                params["retries"], params["titles"], strict=True):
             if isinstance(outcome, str):
                 done.runs.append(found[outcome])
                 done.created.append(False)
@@ -147,7 +148,8 @@ class BatchStore(QueueStore):
                 f'"available_at":{created if available_at is None else texts.time(available_at)},'
                 f'"created_at":{created},'
                 f'"updated_at":{created},"finished_at":null,"last_event_seq":0,"lease":null,'
-                f'"labels":{labels or "{}"},{texts.retry(retry)},{_USAGE}')
+                f'"labels":{labels or "{}"},{texts.retry(retry)},{_USAGE}'
+                f'{"null" if title is None else json.dumps(title)}}}')
         return done
 
     async def _batch_outcomes(self, params: dict[str, Any], rows: list[tuple[Any, ...]],

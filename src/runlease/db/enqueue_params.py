@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -127,16 +127,18 @@ class _Checks:
             return checked
 
 
-def enqueue_params(pool: str, runs: Sequence[NewRun], now: datetime, max_input_bytes: int
+def enqueue_params(pool: str, runs: Sequence[NewRun], now: datetime, max_input_bytes: int,
+                   redact: Callable[[str, int], str] | None = None,
                    ) -> tuple[dict[str, Any], list[tuple[int, ValidationError]]]:
     """The statement's parameters: the runs as one JSON array (values
     validated, texts spliced in as checked), and what was refused. Per
     valid run, in parallel lists, what it was checked as (ids as text, pools,
     tenants, priorities, keys; the texts of its input, budget and labels,
-    and its retry policy: what db/enqueue_batch.py answers with)."""
+    its retry policy and its title as stored: what db/enqueue_batch.py answers
+    with). `redact` (text, max chars) redacts a title before it is stored."""
     cols: dict[str, list[Any]] = {k: [] for k in (
         "ids", "pools", "tenants", "priorities", "keys", "inputs", "budgets", "labels",
-        "retries")}
+        "retries", "titles")}
     docs: list[str] = []
     errors: list[tuple[int, ValidationError]] = []
     seen_keys: set[tuple[str, str, str]] = set()
@@ -160,6 +162,9 @@ def enqueue_params(pool: str, runs: Sequence[NewRun], now: datetime, max_input_b
                     raise ValidationError("idempotency_key", "repeated within one batch")
                 seen_keys.add((run_pool, tenant, key))
             retry, retry_text = checks.retry(run)
+            title = None if run.title is None else bounds.check_title(run.title)
+            if title is not None and redact is not None:
+                title = redact(title, bounds.TITLE_MAX_CHARS)
         except ValidationError as exc:
             errors.append((i, ValidationError(exc.field, exc.message)
                            if len(runs) == 1 else exc))
@@ -172,13 +177,16 @@ def enqueue_params(pool: str, runs: Sequence[NewRun], now: datetime, max_input_b
         if run.traceparent is not None:
             # Checked again here: whatever reaches the store is W3C or dropped.
             doc += _set("traceparent", parse_traceparent(run.traceparent))
+        if title is not None:
+            doc += f',"title":{json.dumps(title)}'
         if key is not None or run_at is not None or delay_s is not None:
             doc += (_set("idempotency_key", key)
                     + _set("run_at", None if run_at is None else run_at.isoformat())
                     + _set("delay_s", delay_s))
         docs.append(doc + "}")
         for column, value in zip(cols.values(), (
-                run_id, run_pool, tenant, priority, key, input_text, budget, labels, retry),
+                run_id, run_pool, tenant, priority, key, input_text, budget, labels, retry,
+                title),
                 strict=True):
             column.append(value)
     return {**cols, "runs": "[" + ",".join(docs) + "]",

@@ -91,6 +91,7 @@ class Run(RunHead):
     inbox_seq: int = 0
     inbox_read: int = 0
     rerun_of: UUID | None = None  # the run it reruns (POST /v1/runs/{id}/rerun)
+    title: str | None = None  # a short summary given at submit (issue 29), redacted
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

@@ -76,7 +76,7 @@ def _columns(admin: bool) -> sql.Composable:
         ("parent_run_id", sql.SQL("r.parent_run_id")),
         ("awaiting_children", sql.SQL("r.awaiting_children")),
         ("thread_id", sql.SQL("r.thread_id")), ("rolled_back", sql.SQL("r.rolled_back")),
-        ("concurrency_key", sql.SQL("r.concurrency_key")),
+        ("concurrency_key", sql.SQL("r.concurrency_key")), ("title", sql.SQL("r.title")),
     ]
     members = sql.SQL(", ").join(sql.SQL("{} AS {}").format(value, sql.Identifier(name))
                                  for name, value in fields)

@@ -60,6 +60,7 @@ class NewRun:
     input_parsed: bool = False
     # The W3C trace context to store (tracing.parse_traceparent made it).
     traceparent: str | None = None
+    title: str | None = None  # a short summary (bounds.check_title), stored redacted
 
 
 class QueueStore(Executor):
@@ -80,10 +81,11 @@ class QueueStore(Executor):
         delay_s: float | None = None,
         notify: bool = True,
         retry: RetryPolicy | None = None,
+        title: str | None = None,
         conn: Conn | None = None,
     ) -> EnqueueResult:
         run = NewRun(tenant_id, input, priority, max_attempts, budget, idempotency_key,
-                     labels, run_at, delay_s, retry=retry)
+                     labels, run_at, delay_s, retry=retry, title=title)
         (result,) = await self.enqueue_many(pool, [run], notify=notify, conn=conn)
         return result
 
@@ -131,7 +133,7 @@ class QueueStore(Executor):
     def _enqueue_params(self, pool: str, runs: Sequence[NewRun]
                         ) -> tuple[dict[str, Any], list[tuple[int, ValidationError]]]:
         now = datetime.now(UTC) if (db_now := self.clock.db_now()) is None else db_now
-        return enqueue_params(pool, runs, now, self.max_input_bytes)
+        return enqueue_params(pool, runs, now, self.max_input_bytes, self.redactor.message)
 
     async def enqueue_each(self, runs: Sequence[NewRun], *,
                            conn: Conn) -> list[EnqueueResult | RunleaseError]:

@@ -42,6 +42,22 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolService:
+    """Whether a pool is served: `claimable`, one of its runs could be
+    claimed now (pending and due, the pool not paused); `live_workers`, its
+    registered workers alive by the database clock."""
+
+    pool: str
+    live_workers: int
+    claimable: bool
+
+    @property
+    def unserved(self) -> bool:
+        """Runs are waiting to be claimed and no live worker is there to."""
+        return self.claimable and self.live_workers == 0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerRow:
     """One registered worker. `alive`: its row is unexpired by the database clock."""
 
@@ -165,3 +181,12 @@ class WorkerStore(Executor):
             raise ValidationError("limit", f"must be between 1 and {MAX_WORKER_LIST}")
         rows = await self._rows("worker_list", {"pool": pool, "limit": limit}, conn)
         return [WorkerRow.from_row(r) for r in rows]
+
+    async def pool_service(self, pool: str | None = None, *,
+                           conn: Conn | None = None) -> dict[str, PoolService]:
+        """Per pool (one, or all): claimable runs and live workers (PoolService)."""
+        if pool is not None:
+            bounds.check_pool(pool)
+        rows = await self._rows("pool_service", {"pool": pool}, conn)
+        return {r["pool"]: PoolService(r["pool"], int(r["live_workers"]), bool(r["claimable"]))
+                for r in rows}

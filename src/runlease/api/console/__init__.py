@@ -8,6 +8,8 @@ own runs, as through the API.
     deps.py     who is looking; CSRF and origin checks for forms
     runs.py     sign in/out, the runs table, one run, cancel and redrive
     ops.py      dead letters, pools, workers (admin)
+    usage.py    tokens and cost per day, tenant and pool
+    timeline.py a run's attempts, steps and tool calls drawn to scale
     render.py   templates and security headers
 """
 
@@ -23,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from runlease.api.console import ops, runs
+from runlease.api.console import ops, runs, usage
 from runlease.api.console.deps import BadRequest, ConsoleState, Refused, SignIn, console_state
 from runlease.api.console.session import Sessions
 from runlease.settings import ApiSettings
@@ -75,6 +77,7 @@ def install(app: FastAPI, settings: ApiSettings) -> None:
                                               settings.console_session_s))
     app.include_router(runs.router)
     app.include_router(ops.router)
+    app.include_router(usage.router)
     app.mount("/ui/static", StaticFiles(directory=str(STATIC)), name="console-static")
     app.add_exception_handler(SignIn, _sign_in)
     app.add_exception_handler(Refused, _refused)

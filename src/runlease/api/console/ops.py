@@ -104,9 +104,10 @@ async def pool_view(store: RunStore, pool: Pool) -> dict[str, Any]:
                      "scheduled": pending - ready, "leased": leased, "own_limit": own,
                      "limit": own if own is not None else pool.default_max_in_flight})
     health = (await store.pool_health(HEALTH_WINDOW_S, pool.name)).get(pool.name, PoolHealth())
+    service = (await store.pool_service(pool.name)).get(pool.name)
     return {"pool": pool, "stats": stats, "tenants": rows,
             "more_tenants": max(0, len(tenants) - MAX_TENANTS_SHOWN), "health": health,
-            "key_limits": await store.key_limits(pool.name)}
+            "key_limits": await store.key_limits(pool.name), "service": service}
 
 
 @router.get("/pools")

@@ -12,6 +12,9 @@ from markupsafe import Markup, escape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from runlease.api.console.summary import summary, took
+from runlease.api.console.timeline import duration, seconds
+
 PRETTY_MAX_CHARS = 20_000
 
 # Scripts and styles from our own origin only: even an escaping mistake
@@ -50,6 +53,23 @@ def short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "\u2026"
 
 
+def span(start: datetime | None, end: datetime | None) -> str:
+    """How long from start to end, as people read it ("—" without both)."""
+    if start is None or end is None:
+        return "—"
+    return duration(seconds(start, end))
+
+
+def status_name(value: Any) -> str:
+    """A run's status as text: an enum's value, or the text itself (a status
+    this console does not know yet still shows, and styles as a plain badge)."""
+    return str(getattr(value, "value", value))
+
+
+def iso(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone(UTC).isoformat()
+
+
 def _json_attr(value: Any) -> Markup:
     """A value for a data-* attribute, JSON then attribute-escaped."""
     return escape(json.dumps(value))
@@ -59,7 +79,9 @@ def make_env() -> Environment:
     env = Environment(loader=PackageLoader("runlease.api.console", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True),
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(when=when, pretty=pretty, short=short, json_attr=_json_attr)
+    env.filters.update(when=when, pretty=pretty, short=short, json_attr=_json_attr,
+                       duration=duration, span=span, iso=iso, summary=summary, took=took,
+                       status_name=status_name)
     return env
 
 

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import re
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -26,8 +28,9 @@ from runlease.api.console.deps import (
     same_origin,
     scoped_run,
 )
-from runlease.api.console.filters import STATUSES, Filters
+from runlease.api.console.filters import Filters, statuses
 from runlease.api.console.session import COOKIE, COOKIE_PATH
+from runlease.api.console.timeline import budget_rows, timeline
 from runlease.api.deps import api_state
 from runlease.core.states import RunStatus
 from runlease.db.humans import InputRefused, free_text
@@ -121,11 +124,13 @@ async def find_runs(store: RunStore, f: Filters, scope: str | None) -> list[Run]
         try:
             run_id = UUID(f.q)
         except ValueError:
-            if ID_PREFIX.fullmatch(f.q):
-                # The start of an id, as the CLI and the demo print them.
+            if ID_PREFIX.fullmatch(f.q.lower()):
+                # The start of an id, as the CLI and the demo print them,
+                # within the other filters (status, pool, labels, dates).
                 with contextlib.suppress(ValidationError):
-                    found = await store.search(RunFilter(tenant_id=tenant, id_prefix=f.q),
-                                               limit=PAGE_SIZE)
+                    found = await store.search(dataclasses.replace(
+                        f.run_filter, tenant_id=tenant, id_prefix=f.q.lower()),
+                        limit=PAGE_SIZE)
                     if found:
                         return found
             try:
@@ -145,7 +150,9 @@ async def runs_context(request: Request, who: Who, store: RunStore) -> dict[str,
     runs = await find_runs(store, f, who.scope)
     # Over every run of the viewer's scope (tenant, pool), whatever else filters the table.
     counts = await store.status_counts(tenant_id=f.tenant or who.scope, pool=f.pool or None)
-    return {"viewer": who, "f": f, "runs": runs, "counts": counts, "statuses": STATUSES,
+    # `now` times the runs not finished ("so far"): display only.
+    return {"viewer": who, "f": f, "runs": runs, "counts": counts, "statuses": statuses(),
+            "now": datetime.now(UTC),
             "live": not f.cursor, "next_query": f.query(cursor=str(runs[-1].id))
             if len(runs) == PAGE_SIZE and not f.q else None}
 
@@ -173,10 +180,14 @@ async def run_context(request: Request, run_id: UUID, who: Who,
     neighbours = (await store.thread_runs(run.tenant_id, run.thread_id,
                                           after=max(0, (run.thread_seq or 0) - 3), limit=5)
                   if run.thread_id is not None else [])
+    tries = attempts(run, await store.holders(run_id), lifecycle)
+    rows = await store.run_timeline(run_id)
+    drawn = timeline(run, tries, rows)
     return {"viewer": who, "run": run, "notice": notice, "lifecycle": lifecycle,
-            "attempts": attempts(run, await store.holders(run_id), lifecycle),
-            "finished": run.status in FINISHED, "neighbours": neighbours,
-            "inputs": [i for i in inputs if i.open], "input_error": None}
+            "attempts": tries, "timeline": drawn, "now": rows.now,
+            "budget": budget_rows(run, rows.now), "finished": run.status in FINISHED,
+            "neighbours": neighbours, "inputs": [i for i in inputs if i.open],
+            "input_error": None}
 
 
 async def steps_context(store: RunStore, run_id: UUID) -> dict[str, Any]:

@@ -66,3 +66,59 @@ VALUES (%(nonce)s, to_timestamp(%(expires)s))
 
 -- name: console_signed_out
 SELECT EXISTS (SELECT 1 FROM runlease_console_signouts WHERE nonce = %(nonce)s) AS out;
+
+
+-- name: console_run_timeline
+-- What a run's timeline draws besides its holders and lifecycle events: the
+-- database's now (the end of a run still running), when each durable step
+-- committed, and its tool calls' events (what of their data times them:
+-- never arguments, results or output). Bounded; the run's own rows only.
+SELECT 'now' AS what, NULL::text AS key, NULL::jsonb AS data,
+       coalesce(%(now)s::timestamptz, now()) AS at
+UNION ALL
+(SELECT 'step', s.step_key, jsonb_build_object('attempt', s.attempt), s.created_at
+   FROM agent_run_steps s
+  WHERE s.run_id = %(id)s
+  ORDER BY s.created_at, s.step_key
+  LIMIT %(limit)s)
+UNION ALL
+(SELECT e.kind, e.seq::text,
+        jsonb_strip_nulls(jsonb_build_object(
+            'id', e.data -> 'id', 'name', e.data -> 'name', 'step', e.data -> 'step',
+            'duration_s', e.data -> 'duration_s', 'returncode', e.data -> 'returncode')),
+        e.created_at
+   FROM agent_run_events e
+  WHERE e.run_id = %(id)s AND e.kind IN ('tool.call', 'tool.result', 'tool.exit')
+  ORDER BY e.seq
+  LIMIT %(limit)s);
+
+
+-- name: console_usage
+-- Usage per UTC day, tenant and pool between two days (inclusive): the
+-- daily rollup plus the log not folded yet, as usage_report (usage.sql)
+-- reads them; bounded.
+WITH bounds AS (
+    SELECT %(from)s::date::timestamp AT TIME ZONE 'UTC' AS lo,
+           (%(to)s::date + 1)::timestamp AT TIME ZONE 'UTC' AS hi
+), rows AS (
+    SELECT d.tenant_id, d.pool, d.day, d.input_tokens, d.output_tokens, d.cost, d.records
+      FROM agent_usage_daily d
+     WHERE d.day BETWEEN %(from)s::date AND %(to)s::date
+       AND (%(tenant)s::text IS NULL OR d.tenant_id = %(tenant)s::text)
+       AND (%(pool)s::text IS NULL OR d.pool = %(pool)s::text)
+    UNION ALL
+    SELECT l.tenant_id, l.pool, (l.created_at AT TIME ZONE 'UTC')::date, l.input_tokens,
+           l.output_tokens, l.cost, 1
+      FROM agent_run_usage_log l, bounds b
+     WHERE l.created_at >= b.lo AND l.created_at < b.hi
+       AND (%(tenant)s::text IS NULL OR l.tenant_id = %(tenant)s::text)
+       AND (%(pool)s::text IS NULL OR l.pool = %(pool)s::text)
+)
+SELECT r.day, r.tenant_id, r.pool,
+       sum(r.input_tokens)::bigint AS input_tokens,
+       sum(r.output_tokens)::bigint AS output_tokens,
+       sum(r.cost) AS cost, sum(r.records)::bigint AS records
+  FROM rows r
+ GROUP BY r.day, r.tenant_id, r.pool
+ ORDER BY r.day DESC, r.tenant_id, r.pool
+ LIMIT %(limit)s;

@@ -50,7 +50,7 @@ input AS (
                  max_attempts integer, budget_json jsonb, input_json jsonb,
                  idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8,
                  backoff_base_s integer, backoff_cap_s integer, non_retryable_codes text[],
-                 traceparent text),
+                 traceparent text, title text),
            clock
 ), lanes AS MATERIALIZED (
     -- MATERIALIZED: once per (pool, tenant) of the batch. Inlined, the
@@ -89,13 +89,13 @@ input AS (
     INSERT INTO agent_runs AS r
            (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
             idempotency_key, available_at, created_at, updated_at, delayed, labels,
-            backoff_base_s, backoff_cap_s, non_retryable_codes, traceparent)
+            backoff_base_s, backoff_cap_s, non_retryable_codes, traceparent, title)
     SELECT i.id, lanes.pool_name, i.tenant_id, i.priority,
            lanes.base + row_number() OVER (PARTITION BY i.pool, i.tenant_id ORDER BY i.ord) - 1,
            coalesce(i.max_attempts, lanes.pool_attempts), i.budget_json, i.input_json,
            i.idempotency_key, i.due, clock.ts, clock.ts, i.due > clock.ts,
            coalesce(i.labels, '{}'::jsonb),
-           i.backoff_base_s, i.backoff_cap_s, i.non_retryable_codes, i.traceparent
+           i.backoff_base_s, i.backoff_cap_s, i.non_retryable_codes, i.traceparent, i.title
       FROM input i
       JOIN lanes USING (pool, tenant_id)
      CROSS JOIN clock

@@ -132,3 +132,28 @@ SELECT w.*, w.ended_at IS NULL AND w.expires_at > coalesce(%(now)s::timestamptz,
  WHERE (%(pool)s::text IS NULL OR w.pool = %(pool)s::text)
  ORDER BY w.pool, w.started_at, w.id
  LIMIT %(limit)s;
+
+
+-- name: pool_service
+-- Per pool (one, or every one): whether one of its runs could be claimed
+-- now (pending and due, the pool not paused) and how many live workers
+-- serve it (registered, not ended, unexpired by the database clock). A pool
+-- with claimable runs and no live worker is flagged (the console's pools
+-- page, GET /v1/pools, `runlease pools list`: issue 29). Two probes of the
+-- pool's ready and delayed indexes, never a count of its runs; the workers
+-- of a pool are a few rows.
+WITH {{clock}}
+SELECT p.name AS pool,
+       (SELECT count(*) FROM agent_run_workers w
+         WHERE w.pool = p.name AND w.ended_at IS NULL AND w.expires_at > clock.ts
+       ) AS live_workers,
+       NOT p.paused AND (
+           EXISTS (SELECT 1 FROM agent_runs r
+                    WHERE r.pool = p.name AND r.status = 'pending' AND NOT r.delayed
+                      AND r.available_at > '-infinity' AND r.available_at <= clock.ts)
+           OR EXISTS (SELECT 1 FROM agent_runs r
+                       WHERE r.pool = p.name AND r.status = 'pending' AND r.delayed
+                         AND r.available_at <= clock.ts)) AS claimable
+  FROM agent_run_pools p CROSS JOIN clock
+ WHERE %(pool)s::text IS NULL OR p.name = %(pool)s::text
+ ORDER BY p.name;

@@ -149,6 +149,8 @@
         var title = "tool output" + (data.step !== undefined ? " · step " + data.step : "") +
           (data.stream ? " · " + data.stream : "");
         last = this.last = {kind: kind, key: key, pre: this.block(ev, "tool", title, true)};
+        /* Open while it streams: the output is what one watches a tool for. */
+        last.pre.parentNode.open = true;
       }
       appendText(last.pre, typeof data.text === "string" ? data.text : "");
       return;
@@ -165,6 +167,11 @@
     }
     var label = kind;
     if (data.name) { label += " · " + String(data.name); }
+    if (kind === "tool.exit") {
+      if (data.step !== undefined) { label += " · step " + String(data.step); }
+      if (data.returncode !== undefined) { label += " · exit " + String(data.returncode); }
+      if (typeof data.duration_s === "number") { label += " · took " + data.duration_s.toFixed(2) + " s"; }
+    }
     this.block(ev, kind.indexOf("tool.") === 0 ? "tool" : "other", label, true)
       .textContent = JSON.stringify(data, null, 2).slice(0, MAX_TEXT);
   };
