@@ -36,7 +36,6 @@ from runlease.core.states import RunStatus
 from runlease.db.humans import InputRefused, free_text
 from runlease.db.models import Run
 from runlease.db.rates import Throttled
-from runlease.db.run_search import RunFilter
 from runlease.db.store import RunStore
 from runlease.errors import InvalidTransition, RunNotFound, ValidationError
 
