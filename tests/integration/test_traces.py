@@ -328,3 +328,44 @@ def test_tracing_is_off_unless_the_environment_asks() -> None:
     with tracing.span("x") as span:
         assert span is None
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in os.environ
+
+
+async def test_a_wait_for_input_and_a_message_are_spans_of_the_runs_trace(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    """Issue 28's spans: `wait.input` (asked to answered, by the API that
+    took the answer) and `message` (sent to taken, by the worker that took
+    it), both in the run's trace."""
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    traced_worker(db_url, tmp_path, receiver, processes, "w",
+                  agent="runlease.agents.script:agent")
+    run_id = submit(api, {"input": {"steps": [
+        {"input": {"name": "approve", "schema": {"type": "boolean"}}},
+        {"receive": {"timeout_s": 30}}]}}, CALLER)
+    headers = {"Authorization": f"Bearer {TOKENS['acme']}"}
+    await until(lambda: _async(status(db_url, run_id) == "waiting"), timeout_s=60,
+                what="the run to wait")
+    async with httpx.AsyncClient(base_url=api.url, headers=headers, timeout=10) as http:
+        answered = await http.post(f"/v1/runs/{run_id}/input",
+                                   json={"name": "approve", "value": True})
+    assert answered.status_code == 200, answered.text
+    await until(lambda: _async(status(db_url, run_id) == "leased"), timeout_s=60,
+                what="the run to go on")
+    async with httpx.AsyncClient(base_url=api.url, headers=headers, timeout=10) as http:
+        sent = await http.post(f"/v1/runs/{run_id}/messages", json={"text": "go"})
+    assert sent.status_code == 202, sent.text
+    await until(lambda: _async(status(db_url, run_id) == "done"), timeout_s=60,
+                what="the run to finish")
+    await until(lambda: _async({"wait.input", "message"} <= {
+        s.name for s in receiver.spans(trace_id=CALLER_TRACE)}), timeout_s=30,
+        what="the wait and message spans exported")
+    spans = receiver.spans(trace_id=CALLER_TRACE)
+    wait = one([s for s in spans if s.name == "wait.input"])
+    assert wait.service == "runlease-api"
+    assert wait.attributes["runlease.input.name"] == "approve"
+    assert wait.start_ns <= wait.end_ns
+    message = one([s for s in spans if s.name == "message"])
+    assert message.service == "runlease-worker"
+    attempts = [s for s in spans if s.name == "attempt"]
+    assert message.parent_span_id in {a.span_id for a in attempts}
+    assert message.attributes["runlease.message.seq"] == 1

@@ -27,6 +27,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field, model_validator
 
+from runlease import tracing
 from runlease.api.actions_schemas import RunFilterIn
 from runlease.api.deps import Admin, JsonBody, Store, Waker, Who, api_state
 from runlease.api.errors import ErrorAnswer
@@ -130,6 +131,21 @@ PAGES: dict[int | str, dict[str, Any]] = {
 }
 
 
+async def trace_wait(store: RunStore, run_id: UUID, name: str) -> None:
+    """The `wait.input` span of an answered request (issue 29's hook): from
+    when the run asked to its answer, in the run's trace; nothing while
+    tracing is off."""
+    if not tracing.ENABLED:
+        return
+    for req in await store.input_requests(run_id):
+        if req.name == name and req.answered_at is not None:
+            tracing.record_run_span("wait.input", await store.traceparent(run_id),
+                                    req.requested_at, req.answered_at, {
+                                        "runlease.run_id": str(run_id),
+                                        "runlease.input.name": name,
+                                        "runlease.input.answered_by": req.answered_by or ""})
+
+
 def _refused(exc: InputRefused) -> ErrorAnswer:
     return ErrorAnswer(409, "input_refused", str(exc), "name")
 
@@ -190,6 +206,8 @@ async def give_input(run_id: UUID, body: InputAnswer, who: Who, store: Store) ->
         resumed = await store.give_input(run_id, body.name, body.value, tenant_id=who.scope)
     except InputRefused as exc:
         raise _refused(exc) from None
+    if resumed:
+        await trace_wait(store, run_id, body.name)
     run = await store.get(run_id, tenant_id=who.scope)
     return InputAnswered(resumed=resumed, run=RunOut.of(run, admin=who.admin))
 
@@ -218,6 +236,7 @@ async def send_message(run_id: UUID, body: MessageIn, who: Who, store: Store) ->
                     break  # answered or ended meanwhile: the message goes to the inbox
                 except ValidationError:
                     break  # too long for the request's maxLength: to the inbox
+                await trace_wait(store, run_id, req.name)
                 return MessageSent(run_id=run_id, seq=None, answered_input=req.name,
                                    status=RunStatus.PENDING.value)
     try:
@@ -320,6 +339,7 @@ async def resume(token: TokenPath, request: Request, store: Store) -> Response:
         target, req = await _target(token, request, store)
         value = await _value(request, req, wants_json)
         await store.give_input(target.run_id, target.name, value, by="url", nonce=target.nonce)
+        await trace_wait(store, target.run_id, target.name)
     except ErrorAnswer as exc:
         if wants_json:
             raise

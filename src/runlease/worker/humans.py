@@ -22,10 +22,12 @@ NOTIFY (worker.py); it polls as well, since NOTIFY is not durable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from runlease import tracing
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError
@@ -76,9 +78,17 @@ class Inbox:
             lambda: self._store.take_message(self._lease, seq))
         if message is None:
             return None
+        now = datetime.now(UTC)
         steps[key] = Step(self._lease.run_id, key, message, self._lease.epoch,
-                          self._lease.run.attempts, datetime.now(UTC))
+                          self._lease.run.attempts, now)
         self._taken = seq
+        if tracing.ENABLED:
+            # The `message` span: sent, then taken, a child of this attempt's span.
+            with contextlib.suppress(ValueError, TypeError):
+                sent = datetime.fromisoformat(str(message.get("sent_at")))
+                tracing.record_run_span("message", tracing.current_traceparent(), sent, now,
+                                        {"runlease.run_id": str(self._lease.run_id),
+                                         "runlease.message.seq": seq})
         return message
 
     async def receive(self, timeout_s: float | None, check: Callable[[], Awaitable[None]],

@@ -32,6 +32,7 @@ from runlease.api.console.filters import Filters, statuses
 from runlease.api.console.session import COOKIE, COOKIE_PATH
 from runlease.api.console.timeline import budget_rows, timeline
 from runlease.api.deps import api_state
+from runlease.api.humans import trace_wait
 from runlease.core.states import RunStatus
 from runlease.db.humans import InputRefused, free_text
 from runlease.db.models import Run
@@ -260,6 +261,7 @@ async def give_input(request: Request, run_id: UUID, form: Form, store: Store) -
     try:
         value = console_value(request_.schema, text)
         await store.give_input(run_id, name, value, tenant_id=form.viewer.scope, by="console")
+        await trace_wait(store, run_id, name)
     except InputRefused:
         return see_other(f"/ui/runs/{run_id}?notice=input-refused")
     except ValidationError as exc:
