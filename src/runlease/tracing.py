@@ -23,6 +23,8 @@ The spans of one run (docs/operations.md draws the tree):
     model.turn    one model call of the built-in OpenAI-compatible agent
     tool          one tool process (command name, exit code, duration);
                   the tool gets TRACEPARENT naming this span
+    wait.input    a wait for a person: asked to answered (api/humans.py)
+    message       a message: sent to taken by the agent (worker/humans.py)
 
 The run keeps the trace context it was submitted with (agent_runs.traceparent:
 the submit span's, else the caller's header, validated), so every attempt, on
