@@ -205,8 +205,14 @@ async def test_a_flood_of_messages_is_bounded(api: Api, db_url: str) -> None:
         assert refused.headers["Retry-After"]
         assert refused.json()["error"]["code"] == \
             "inbox_full"
-        big = await http.post(f"/v1/runs/{run.id}/messages", json={"text": "x" * 40_000})
+        big = await http.post(f"/v1/runs/{run.id}/messages", json={"text": "x" * 8001})
         assert big.status_code == 422
+        # The longest text the schema allows always fits, whatever its characters.
+        widest = await http.post(f"/v1/runs/{run.id}/messages", json={"text": "😀" * 8000})
+        assert widest.status_code == 429  # refused for the flood, not its size
+        heavy = await http.post(f"/v1/runs/{run.id}/messages",
+                                json={"text": "x", "data": {"blob": "y" * 70_000}})
+        assert heavy.status_code == 422
         await acme.cancel(run.id)
         late = await http.post(f"/v1/runs/{run.id}/messages", json={"text": "late"})
         assert late.status_code == 409

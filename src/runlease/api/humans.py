@@ -25,7 +25,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runlease import tracing
 from runlease.api.actions_schemas import RunFilterIn
@@ -37,7 +37,7 @@ from runlease.api.schemas import ErrorBody, RunOut
 from runlease.api.search import run_filter
 from runlease.core.states import RunStatus
 from runlease.db.humans import (
-    MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_TEXT_CHARS,
     MAX_MESSAGES_PAGE,
     InboxFull,
     InputRefused,
@@ -86,8 +86,9 @@ class InputRequests(BaseModel):
 
 
 class MessageIn(BaseModel):
-    text: str = Field(max_length=MAX_MESSAGE_BYTES, description="What the agent is told.")
-    data: dict[str, Any] | None = Field(None, description="Anything else, as JSON.")
+    text: str = Field(max_length=MAX_MESSAGE_TEXT_CHARS, description="What the agent is told.")
+    data: dict[str, Any] | None = Field(None, description=(
+        "Anything else, as JSON: text and data together at most 64 KiB (else 422)."))
 
 
 class MessageSent(BaseModel):
@@ -409,7 +410,16 @@ class RerunOut(BaseModel):
     steps_copied: int
 
 
+def _ids_or_filter(schema: dict[str, Any]) -> None:
+    # What _one_way refuses, said in the document (schemathesis, generic clients).
+    schema["oneOf"] = [
+        {"required": ["ids"], "properties": {"ids": {"type": "array"}}},
+        {"required": ["filter"], "properties": {"filter": {"type": "object"}}}]
+
+
 class BulkRerunIn(BaseModel):
+    model_config = ConfigDict(json_schema_extra=_ids_or_filter)
+
     ids: list[UUID] | None = Field(None, min_length=1, max_length=MAX_BULK_RERUN)
     filter: RunFilterIn | None = Field(None, description="The runs list's filter: the "
                                                          "newest 100 runs it matches.")

@@ -39,7 +39,12 @@ MAX_VALUE_BYTES = 64 * 1024
 MAX_TIMEOUT_S = 30 * 86_400
 MAX_INPUTS_LISTED = 200
 
-MAX_MESSAGE_BYTES = 32 * 1024
+# A message's text, in characters (what the API's schema says), and the
+# whole message as stored, text and data, in bytes: the text alone always
+# fits (4 bytes a character at most), so a text the schema allows is never
+# refused for its size.
+MAX_MESSAGE_TEXT_CHARS = 8000
+MAX_MESSAGE_BYTES = 64 * 1024
 MAX_UNREAD_MESSAGES = 100
 MAX_RUN_MESSAGES = 10_000
 MAX_MESSAGES_PAGE = 500
@@ -267,6 +272,9 @@ class HumanStore(Executor):
         InboxFull (a 429)."""
         if not isinstance(text, str):
             raise ValidationError("text", "must be a string")
+        if len(text) > MAX_MESSAGE_TEXT_CHARS:
+            raise ValidationError("text", f"is {len(text)} characters, over the bound of "
+                                          f"{MAX_MESSAGE_TEXT_CHARS}")
         body: dict[str, Any] = {"text": text}
         if data is not None:
             if not isinstance(data, dict):

@@ -28,7 +28,7 @@ from uuid import UUID
 
 from runlease.core import bounds
 from runlease.db.executor import Conn
-from runlease.db.humans import HumanStore
+from runlease.db.humans import MAX_MESSAGE_BYTES, MAX_MESSAGE_TEXT_CHARS, HumanStore
 from runlease.db.models import EnqueueResult, FromRow, Run
 from runlease.db.runs import NewRun, QueueStore
 from runlease.errors import ThreadBusy, ValidationError
@@ -134,13 +134,21 @@ class ThreadStore(HumanStore, QueueStore):
 
 def steer_message(run_input: Any) -> tuple[str, dict[str, Any] | None]:
     """A steering submit's input as a message: its `text` or `message` (a
-    string), else the input as JSON text; the input itself as its data."""
+    string), else the input as JSON text, cut to a message's bound; the
+    input itself as its data when it fits beside the text (a run's input
+    may be larger than a message: 256 KiB against 64)."""
+    text = json.dumps(run_input, separators=(",", ":"))
     if isinstance(run_input, dict):
         for name in ("text", "message"):
             if isinstance(run_input.get(name), str):
-                return run_input[name], dict(run_input)
-    return json.dumps(run_input, separators=(",", ":"))[:4096], (
-        dict(run_input) if isinstance(run_input, dict) else None)
+                text = run_input[name]
+                break
+    text = text[:MAX_MESSAGE_TEXT_CHARS]
+    data = dict(run_input) if isinstance(run_input, dict) else None
+    if data is not None and len(json.dumps(data, ensure_ascii=False).encode()) > \
+            MAX_MESSAGE_BYTES // 2:
+        data = None
+    return text, data
 
 
 def _policy(value: Multitask | str) -> Multitask:
