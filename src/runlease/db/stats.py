@@ -8,7 +8,7 @@ their partial index, bounded by what is in flight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runlease.db.executor import Conn, Executor
 
@@ -20,6 +20,12 @@ class QueueStats:
     by_tenant: dict[str, tuple[int, int, int]]
     dead_by_code: dict[str | None, int]
     oldest_ready_s: float
+    # Runs waiting for a person's input, per tenant (issue 28): no slot, not claimable.
+    waiting_by_tenant: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def waiting(self) -> int:
+        return sum(self.waiting_by_tenant.values())
 
     @property
     def pending(self) -> int:
@@ -54,6 +60,8 @@ class StatsStore(Executor):
             dead_by_code={r["error_code"]: int(r["n"]) for r in dead},
             oldest_ready_s=max((float(r["oldest_ready_s"]) for r in tenants
                                 if r["oldest_ready_s"] is not None), default=0.0),
+            waiting_by_tenant={r["tenant_id"]: int(r["waiting"]) for r in tenants
+                               if r["waiting"]},
         )
 
     async def startable_runs(self, pool: str, *, conn: Conn | None = None) -> int:
