@@ -46,7 +46,8 @@ _NORMALIZED = re.compile(r"[0-9][eE]|-0\.0(?![0-9])")
 
 _USAGE = ('"usage":{"input_tokens":0,"output_tokens":0,"cost":0.0,"turns":0,'
           '"tool_calls":0},"parent_run_id":null,"awaiting_children":false,'
-          '"thread_id":null,"rolled_back":false,"concurrency_key":null,"title":')
+          '"thread_id":null,"rolled_back":false,"concurrency_key":null,'
+          '"messages":{"sent":0,"taken":0},"rerun_of":null,"title":')
 
 
 @dataclass

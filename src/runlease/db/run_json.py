@@ -76,7 +76,9 @@ def _columns(admin: bool) -> sql.Composable:
         ("parent_run_id", sql.SQL("r.parent_run_id")),
         ("awaiting_children", sql.SQL("r.awaiting_children")),
         ("thread_id", sql.SQL("r.thread_id")), ("rolled_back", sql.SQL("r.rolled_back")),
-        ("concurrency_key", sql.SQL("r.concurrency_key")), ("title", sql.SQL("r.title")),
+        ("concurrency_key", sql.SQL("r.concurrency_key")),
+        ("messages", sql.SQL("json_build_object('sent', r.inbox_seq, 'taken', r.inbox_read)")),
+        ("rerun_of", sql.SQL("r.rerun_of")), ("title", sql.SQL("r.title")),
     ]
     members = sql.SQL(", ").join(sql.SQL("{} AS {}").format(value, sql.Identifier(name))
                                  for name, value in fields)
