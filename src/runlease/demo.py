@@ -2,8 +2,10 @@
 
 Script-agent runs: quick ones, slow ones, one that fails on its first
 attempt and is retried after the backoff, one that fails for good (a dead
-letter), shell steps, and a long one the demo cancels while it runs. The
-terminal shows each run's state as it changes, then a summary per tenant.
+letter), shell steps, a long one the demo cancels while it runs, and one
+that waits for a person's approval (status `waiting`, holding no worker)
+which the demo approves. The terminal shows each run's state as it changes,
+then a summary per tenant.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ PLANS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("quick", {"steps": [{"sleep": 1}, {"emit": {"text": "ok"}}]}),
         ("to cancel", {"steps": [{"emit": {"text": "starting a long job"}},
                                  {"shell": ["sh", "-c", "sleep 600"]}]}),
+        ("approval", {"steps": [{"emit": {"text": "ready to deploy"}},
+                                {"input": {"name": "deploy", "prompt": "Deploy to production?",
+                                           "schema": {"type": "boolean"},
+                                           "timeout_s": 600}},
+                                {"emit": {"text": "deployed"}}]}),
     ],
 }
 
@@ -54,7 +61,7 @@ def table(runs: dict[str, tuple[str, RunView]], title: str) -> Table:
     for column in ("tenant", "kind", "status", "attempt", "events", "error"):
         t.add_column(column)
     colors = {"done": "green", "dead": "red", "cancelled": "yellow", "leased": "cyan",
-              "pending": "white"}
+              "pending": "white", "waiting": "magenta"}
     for kind, run in runs.values():
         t.add_row(str(run.id), run.tenant_id, kind,
                   f"[{colors[run.status]}]{run.status}[/]", f"{run.attempts}/{run.max_attempts}",
@@ -93,7 +100,7 @@ async def run_api_demo(base: str, tokens: dict[str, str], admin: str, echo: Echo
                 runs[str(run.id)] = (kind, run)
         echo(f"submitted {len(runs)} runs for {', '.join(PLANS)}; following them live")
         to_cancel = next(r for k, r in runs.values() if k == "to cancel")
-        cancelled = False
+        cancelled = approved = False
         started = time.monotonic()
         console = Console()
         with Live(table(runs, "runs"), console=console, refresh_per_second=4) as live:
@@ -108,6 +115,14 @@ async def run_api_demo(base: str, tokens: dict[str, str], admin: str, echo: Echo
                     with contextlib.suppress(Conflict):
                         await clients[current.tenant_id].cancel(current.id)
                     cancelled = True
+                for run_id, (kind, run) in runs.items():
+                    if kind == "approval" and run.status == "waiting" and not approved:
+                        # What a person does from the console, a chat button or
+                        # `runlease runs input <id> --name deploy --value true`.
+                        with contextlib.suppress(Conflict):
+                            await clients[run.tenant_id].give_input(run_id, "deploy", True)
+                        approved = True
+                        echo(f"run {run_id} asked 'Deploy to production?': approved")
                 live.update(table(runs, f"runs ({time.monotonic() - started:.0f} s)"))
                 if all(r.finished for _, r in runs.values()):
                     break

@@ -96,7 +96,8 @@ SSE_FEED_READS = Counter("runlease_sse_feed_reads_total",
 
 # -- operator ------------------------------------------------------------------------
 QUEUE_RUNS = Gauge("runlease_queue_runs",
-                   "Runs in the queue by pool, tenant and status (pending, ready, leased).",
+                   "Runs in the queue by pool, tenant and status (pending, ready, leased, "
+                   "waiting: for a person's input).",
                    ["pool", "tenant", "status"])
 KEY_WAITING = Gauge("runlease_key_waiting_runs",
                     "Runs parked for a slot of their concurrency key: the pool's 10 keys "

@@ -100,3 +100,11 @@ def test_demo_prints_a_url_and_tokens_that_sign_in_and_show_runs_live(
     shown = set(re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
                            demo_log.read_text(errors="replace")))
     assert {r["id"] for r in tried.json()["items"]} <= shown
+    # One run asked a person for approval (waiting, holding no worker), and
+    # the demo answered it as a person would; it then finished.
+    approved = printed(demo_log, r"^run (\S+) asked 'Deploy to production\?': approved")
+    admin = printed(demo_log, r"^token +admin: (\S+)")
+    ended = httpx.get(f"{base}/v1/runs/{approved}",
+                      headers={"Authorization": f"Bearer {admin}"}).json()
+    assert ended["status"] == "done"
+    assert ended["attempts"] == 1

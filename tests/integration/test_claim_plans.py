@@ -38,6 +38,8 @@ READY = 20_000
 # Every claim statement together, for 10 runs among 10 tenants: a few rows
 # per tenant (the loose scan, each line's head, the locks), never the burst.
 CLAIM_READS = 1_200
+WAITING = 30_000  # runs waiting for a person's input: read by nothing but their own
+DUE_INPUTS = 50  # of them, requests whose time is up
 
 
 def _prepare(url: str, state: str) -> None:
@@ -78,6 +80,19 @@ def _prepare(url: str, state: str) -> None:
             "         now() + interval '1 hour'),"
             "        ('w-gone', 'default', 'test', 20, 20, now() - interval '1 hour',"
             "         now() - interval '1 hour', now() - interval '1 minute')")
+        # Waiting for people (issue 28, invariant 10): 30,000 runs with
+        # requests that time out later or never, and 50 whose time is up.
+        conn.execute(
+            "INSERT INTO agent_runs (id, tenant_id, status, attempts, lease_epoch, input_json)"
+            " SELECT gen_random_uuid(), 't' || (g %% 10), 'waiting', 0, 1, '{}'"
+            "   FROM generate_series(1, %s) g", (WAITING + DUE_INPUTS,))
+        conn.execute(
+            "INSERT INTO agent_run_inputs (run_id, name, requested_at, timeout_at, nonce)"
+            " SELECT r.id, 'approve', now(),"
+            "        CASE WHEN row_number() OVER () <= %s THEN now() - interval '1 minute'"
+            "             WHEN row_number() OVER () %% 3 = 0 THEN NULL"
+            "             ELSE now() + interval '1 day' END, md5(r.id::text)"
+            "   FROM agent_runs r WHERE r.status = 'waiting'", (DUE_INPUTS,))
         for holder, n in (("w-live", 100), ("w-gone", 20), ("ghost", 10)):
             conn.execute(
                 "INSERT INTO agent_runs (id, tenant_id, status, attempts, lease_epoch,"
@@ -222,3 +237,18 @@ async def test_an_enqueue_reads_its_lanes_heads_only(stale_store: RegisteringSto
     # Three lanes: each its tenant's line end and the pool's head, a descent each.
     _no_backlog_read(found, 50)
 
+
+
+async def test_the_input_timeouts_read_the_due_requests_only(
+    stale_store: RegisteringStore
+) -> None:
+    timed_out, found = await executed(stale_store, lambda c: stale_store.time_out_inputs(
+        batch=1000, conn=c))
+    assert len(timed_out) == DUE_INPUTS
+    for e in found:
+        assert seq_scans(e.plan, "agent_run_inputs") == 0, e.text
+        assert seq_scans(e.plan) == 0, e.text
+    # The due requests (read, then their runs locked by primary key), never
+    # the 30,000 that wait on.
+    assert sum(reads(e.plan, "agent_run_inputs") for e in found) <= 3 * DUE_INPUTS
+    assert sum(reads(e.plan) for e in found) <= 5 * DUE_INPUTS  # locked, updated: by pkey

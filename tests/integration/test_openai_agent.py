@@ -313,3 +313,38 @@ async def test_a_server_that_does_not_stream(
 async def retried(store: RunStore, run_id: UUID) -> Run:
     """The run back in pending after a failed first attempt."""
     return await until(lambda: _status(store, run_id, "pending", attempts=1), what="the retry")
+
+
+async def test_a_message_sent_during_a_tool_call_is_seen_at_the_next_turn_once(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, tmp_path: Any
+) -> None:
+    """Issue 28: the user's correction, sent while a tool runs, is a user
+    message of the next model request, once; one sent while the model gives
+    its final answer gets one more turn."""
+    gate = tmp_path / "gate"
+    fake.script(
+        Reply(content="Checking.", tool_calls=[shell(
+            "call_1", f"while [ ! -e {gate} ]; do sleep 0.05; done; echo checked")]),
+        Reply(content="Noted, using staging.", delay_s=0.3),
+        Reply(content="Also done."),
+    )
+    queued = await live_store.enqueue("default", "acme", ask("Deploy", tools=["shell"]))
+    async with running_worker(db_url, agent, **HOST_FILES):
+        async def in_tool() -> bool:
+            return any(e.kind == "tool.call" for e in await events(live_store, queued.run.id))
+        await until(in_tool, what="the tool to start")
+        await live_store.send_message(queued.run.id, "use staging, not prod")
+        gate.touch()
+        async def second_turn_started() -> bool:
+            return len(fake.requests) >= 2
+        await until(second_turn_started, what="the second model request")
+        await live_store.send_message(queued.run.id, "and tell me when done")
+        run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    assert run.result_json["content"] == "Also done."
+    bodies = [r.body["messages"] for r in fake.requests]
+    users = [[m["content"] for m in b if m["role"] == "user"] for b in bodies]
+    assert users == [["Deploy"], ["Deploy", "use staging, not prod"],
+                     ["Deploy", "use staging, not prod", "and tell me when done"]]
+    steps = await live_store.get_steps(run.id)
+    assert {"message:1", "message:2"} <= set(steps)

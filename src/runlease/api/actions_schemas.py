@@ -47,7 +47,7 @@ class RunFilterIn(Strict):
     """Which runs: every field given must match (left out: any), as the
     listing's query parameters (`GET /v1/runs`) do."""
 
-    status: list[Status] | None = Field(None, min_length=1, max_length=5,
+    status: list[Status] | None = Field(None, min_length=1, max_length=6,
                                         examples=[["pending", "leased"]])
     pool: str | None = Field(None, min_length=1, max_length=bounds.POOL_MAX_CHARS,
                              pattern=POOL_PATTERN, examples=["default"])

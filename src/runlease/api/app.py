@@ -25,6 +25,7 @@ from runlease.api import (
     batch,
     console,
     errors,
+    humans,
     key_limits,
     routes,
     schedules,
@@ -224,6 +225,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
     app.include_router(batch.router)
     app.include_router(routes.router)
     app.include_router(threads.router)
+    app.include_router(humans.router)
     app.include_router(key_limits.router)
     app.include_router(actions.router)
     app.include_router(schedules.router)

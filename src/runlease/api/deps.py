@@ -7,7 +7,7 @@ per request for what is a dictionary lookup."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -39,6 +39,7 @@ class ApiState:
     live: Live | None = None  # None until the lifespan starts
     fast_submits: int = 0  # answered by api/fast_submit.py (tests, the bench)
     fast_batches: int = 0  # read by api/fast_batch.py (tests)
+    resume_links: Any = None  # api/humans.py: made on first use (ResumeLinks)
 
     def opened(self) -> Live:
         assert self.live is not None, "the app's lifespan has not started"

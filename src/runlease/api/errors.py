@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from runlease.db.humans import InboxFull, InputRefused, MessageRefused
 from runlease.errors import (
     BatchRefused,
     DatabaseUnavailable,
@@ -122,6 +123,13 @@ async def _runlease_error(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"error": {"code": "thread_busy", "message": str(exc),
                                        "field": "thread_id"},
                              "active_run_id": str(exc.run_id)}, status_code=409)
+    if isinstance(exc, InboxFull):
+        return error_response(429, "inbox_full", str(exc),
+                              headers={"Retry-After": str(int(exc.retry_s))})
+    if isinstance(exc, InputRefused):
+        return error_response(409, "input_refused", str(exc), "name")
+    if isinstance(exc, MessageRefused):
+        return error_response(409, "run_finished", str(exc))
     if isinstance(exc, DatabaseUnavailable):
         return error_response(503, "database_unavailable", "the database is unavailable",
                               headers={"Retry-After": "1"})

@@ -33,7 +33,7 @@ LabelKey = Annotated[str, StringConstraints(min_length=1,
 LabelValue = Annotated[str, StringConstraints(max_length=run_options.LABEL_VALUE_MAX_CHARS,
                                               pattern=run_options.LABEL_VALUE_PATTERN)]
 Labels = dict[LabelKey, LabelValue]
-Status = Literal["pending", "leased", "done", "dead", "cancelled"]
+Status = Literal["pending", "leased", "waiting", "done", "dead", "cancelled"]
 # Printable, no spaces, not `*` alone (reserved): bounds.check_tenant.
 TENANT_PATTERN = r"^([^\x00-\x20\x7f*][^\x00-\x20\x7f]*|\*[^\x00-\x20\x7f]+)$"
 # What core/webhooks.host_of accepts, said in the document: http(s), a host
@@ -239,11 +239,13 @@ class KeyedSettings(RunSettings):
         None, description="Submits of the key within `window_s` of each other make one run "
                           "(the same run id is answered, the last input wins), started at most "
                           "`max_delay_s` after the first. Not with run_at or delay_s.")
-    multitask: Literal["enqueue", "reject", "interrupt", "rollback"] | None = Field(
+    multitask: Literal["enqueue", "reject", "interrupt", "rollback", "steer"] | None = Field(
         None, description="With `thread_id`, when the thread has an unfinished run: "
                           "`enqueue` (default) waits its turn; `reject` answers 409 naming "
                           "the active run; `interrupt` cancels the active run and starts "
-                          "after it ended; `rollback` does so and flags it `rolled_back`.")
+                          "after it ended; `rollback` does so and flags it `rolled_back`; "
+                          "`steer` makes no run: the input (its `text` or `message`) goes "
+                          "into the active run's inbox, and the answer (200) is that run.")
 
     @model_validator(mode="after")
     def _one_key(self) -> Self:
@@ -379,6 +381,8 @@ def run_out_fields(run: Run, *, admin: bool) -> dict[str, Any]:
         "parent_run_id": run.parent_run_id, "awaiting_children": run.awaiting_children,
         "thread_id": run.thread_id, "rolled_back": run.rolled_back,
         "concurrency_key": run.concurrency_key,
+        "messages": {"sent": run.inbox_seq, "taken": run.inbox_read},
+        "rerun_of": run.rerun_of,
     }
 
 

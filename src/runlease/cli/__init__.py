@@ -4,7 +4,7 @@ group."""
 
 from __future__ import annotations
 
-from runlease.cli import actions, run_commands
+from runlease.cli import actions, humans, run_commands
 from runlease.cli.dead import dead
 from runlease.cli.pools import pools
 from runlease.cli.runs import runs
@@ -23,4 +23,4 @@ main.add_command(usage)
 main.add_command(webhooks)
 runs.add_command(children)
 
-__all__ = ["actions", "api", "main", "operator", "run", "run_commands", "worker"]
+__all__ = ["actions", "api", "humans", "main", "operator", "run", "run_commands", "worker"]

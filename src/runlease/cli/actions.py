@@ -16,7 +16,7 @@ from runlease.cli.terminal import api_options, client, emit_json, label_filters,
 from runlease.cli.terminal import run_id as resolve
 from runlease.client import BulkView
 
-STATUSES = ["pending", "leased", "done", "dead", "cancelled"]
+STATUSES = ["pending", "leased", "waiting", "done", "dead", "cancelled"]
 PAST = {"cancel": "cancelled", "redrive": "redriven"}
 
 

@@ -117,7 +117,8 @@ def _jsonl(path: str) -> Iterator[dict[str, Any]]:
                    "here: the API checks the rest when they are sent).")
 @click.option("--thread", "thread_id", help="The thread (conversation) it belongs to: one run "
                                             "of a thread at a time, in submit order.")
-@click.option("--multitask", type=click.Choice(["enqueue", "reject", "interrupt", "rollback"]),
+@click.option("--multitask", type=click.Choice(["enqueue", "reject", "interrupt", "rollback",
+                                                "steer"]),
               help="With --thread, when the thread is busy (default enqueue).")
 @click.option("--key", "concurrency_key", help="Its concurrency key: the pool's key limits cap "
                                                "how many runs of one key run at once.")

@@ -170,6 +170,15 @@ def _described(method: F, build: Callable[..., Any]) -> F:
     return method
 
 
+def _rerun(response: httpx.Response) -> RunView:
+    return RunView.from_json(check(response)["run"])
+
+
+def _items(response: httpx.Response) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = check(response)["items"]
+    return items
+
+
 class Calls:
     """The API's calls, built for one base URL and token."""
 
@@ -283,6 +292,46 @@ class Calls:
     @staticmethod
     def cancel(run_id: UUID | str) -> Call[RunView]:
         return Call("POST", f"/v1/runs/{run_id}/cancel", _run)
+
+    @staticmethod
+    def give_input(run_id: UUID | str, name: str, value: Any) -> Call[dict[str, Any]]:
+        """Answer the run's request for input `name` (once; the same answer
+        again is a no-op, another is a Conflict): {"resumed", "run"}."""
+        return Call("POST", f"/v1/runs/{run_id}/input", check,
+                    json={"name": name, "value": value})
+
+    @staticmethod
+    def input_requests(run_id: UUID | str) -> Call[builtins.list[dict[str, Any]]]:
+        """What the run asked people; open requests carry a single-use resume_url."""
+        return Call("GET", f"/v1/runs/{run_id}/input", _items)
+
+    @staticmethod
+    def send_message(run_id: UUID | str, text: str,
+                     data: dict[str, Any] | None = None) -> Call[dict[str, Any]]:
+        """Into the run's inbox (its agent takes it at its next turn), or the
+        answer of its open request for free text: {"seq", "answered_input", ...}."""
+        body: dict[str, Any] = {"text": text}
+        if data is not None:
+            body["data"] = data
+        return Call("POST", f"/v1/runs/{run_id}/messages", check, json=body)
+
+    @staticmethod
+    def messages(run_id: UUID | str, *, after: int = 0,
+                 limit: int = 100) -> Call[builtins.list[dict[str, Any]]]:
+        return Call("GET", f"/v1/runs/{run_id}/messages", _items,
+                    params={"after": after, "limit": limit})
+
+    @staticmethod
+    def rerun(run_id: UUID | str, *, from_step: str | None = None,
+              input: dict[str, Any] | None = None) -> Call[RunView]:  # noqa: A002
+        """A new run of the same tenant, pool and thread; with from_step, the
+        steps committed before it are copied, so they are not run again."""
+        body: dict[str, Any] = {}
+        if from_step is not None:
+            body["from_step"] = from_step
+        if input is not None:
+            body["input"] = input
+        return Call("POST", f"/v1/runs/{run_id}/rerun", _rerun, json=body)
 
     @staticmethod
     def steps(run_id: UUID | str, *, limit: int = 20,

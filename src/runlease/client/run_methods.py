@@ -13,6 +13,11 @@ class RunMethods:
     list = sends(Calls.list)
     cancel = sends(Calls.cancel)
     steps = sends(Calls.steps)
+    give_input = sends(Calls.give_input)
+    input_requests = sends(Calls.input_requests)
+    send_message = sends(Calls.send_message)
+    messages = sends(Calls.messages)
+    rerun = sends(Calls.rerun)
     thread = sends(Calls.thread)
     thread_runs = sends(Calls.thread_runs)
 

@@ -32,8 +32,9 @@ class RunView(RunFields):
             k: (datetime.fromisoformat(v) if k in stamps and v else v)
             for k, v in data.items() if k in cls.__dataclass_fields__}
         values["id"] = UUID(str(data["id"]))
-        if values.get("parent_run_id"):
-            values["parent_run_id"] = UUID(str(values["parent_run_id"]))
+        for link in ("parent_run_id", "rerun_of"):
+            if values.get(link):
+                values[link] = UUID(str(values[link]))
         values["created"] = created
         return cls(**values)
 

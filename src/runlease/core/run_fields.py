@@ -50,3 +50,6 @@ class RunFields(RunHead):
     thread_id: str | None = None  # its thread (issue 27)
     rolled_back: bool = False  # interrupted by a multitask 'rollback' submit
     concurrency_key: str | None = None  # its key: the pool limits runs per key
+    # Its inbox (issue 28): {"sent": messages sent to it, "taken": by its agent}.
+    messages: dict[str, int] = field(default_factory=lambda: {"sent": 0, "taken": 0})
+    rerun_of: UUID | None = None  # the run this one reruns

@@ -32,6 +32,13 @@ is the fencing token minted by every claim.
     reap       incarnation expired -> ended (it never renews again); in the same
                transaction its leased runs -> pending, or dead ('lease_expired') at max
     redrive    dead -> pending, attempts reset
+    wait       leased & mine -> waiting (ctx.wait_for_input): no lease, no slot, the
+               attempt not charged; never claimed nor reaped
+    answer     waiting & asked for <name> -> pending now, the answer committed as the
+               step 'input:<name>' in the same statement, once
+    timeout    waiting past the request's time -> pending, the step = {"timed_out": true}
+    cancel     waiting -> cancelled at once (as pending)
+    message    pending, leased or waiting -> appended to the inbox; the holder is woken
 
 "mine" is the fencing triple (locked_by, lease_epoch, status = 'leased') with
 the holder's incarnation live by the database clock; a write that matches zero
@@ -47,6 +54,7 @@ from enum import StrEnum
 class RunStatus(StrEnum):
     PENDING = "pending"
     LEASED = "leased"
+    WAITING = "waiting"  # for a person's input (issue 28): no lease, no slot
     DONE = "done"
     DEAD = "dead"
     CANCELLED = "cancelled"
@@ -68,7 +76,7 @@ class Outcome(StrEnum):
     DEAD = "dead"
     CANCELLED = "cancelled"
     RELEASED = "released"  # drained: back to pending, the attempt not charged
-    WAITING = "waiting"  # parked for its children: pending, the attempt not charged
+    WAITING = "waiting"  # parked for its children or a person: the attempt not charged
     LEASE_LOST = "lease_lost"
     SELF_FENCED = "self_fenced"
     UNKNOWN = "unknown"  # the worker itself failed; logged with its traceback
@@ -85,6 +93,8 @@ class ErrorCode(StrEnum):
     RETRYABLE = "retryable"
     FATAL = "fatal"
     TOOL_TIMEOUT = "tool_timeout"
+    # A request for a person's input timed out and the agent did not catch it.
+    INPUT_TIMEOUT = "input_timeout"
     UNEXPECTED = "unexpected"
     # A result or step the store refused: each ends its own run, never a batch.
     RESULT_TOO_LARGE = "result_too_large"

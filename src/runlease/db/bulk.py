@@ -33,7 +33,7 @@ REPORTED_IDS_MAX = 1_000
 Action = Literal["cancel", "redrive"]
 # The statuses each action applies to; a filter's statuses narrow them.
 _APPLIES_TO: dict[Action, frozenset[str]] = {
-    "cancel": frozenset({"pending", "leased"}),
+    "cancel": frozenset({"pending", "leased", "waiting"}),
     "redrive": frozenset({"dead"}),
 }
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 POOL_CHANNEL_PREFIX = "runlease_pool_"
 # request_cancel notifies the run id of a leased run.
 CANCEL_CHANNEL = "runlease_cancel"
+# A message to a leased run notifies its run id: its worker wakes the agent
+# waiting in ctx.receive() (issue 28).
+INBOX_CHANNEL = "runlease_inbox"
 # Every recorded event, and every transition that writes a lifecycle event or
 # ends a run, notifies "<run id>:<last seq>" (the API's event fan-out).
 # The SQL function runlease_notify_events (migration 0007) names it too.

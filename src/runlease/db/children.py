@@ -58,7 +58,7 @@ class ChildStore(QueueStore, RateStore):
         row = rows[0]
         if row["tenant_id"] != tenant_id:
             raise ParentRefused("parent_run_id", "the parent run belongs to another tenant")
-        if row["status"] not in (RunStatus.PENDING, RunStatus.LEASED) or \
+        if row["status"] not in (RunStatus.PENDING, RunStatus.LEASED, RunStatus.WAITING) or \
                 row["cancel_requested_at"] is not None:
             raise ParentRefused("parent_run_id", f"the parent run is {row['status']}"
                                 + (" and being cancelled" if row["cancel_requested_at"]

@@ -13,7 +13,7 @@ from runlease.db.executor import Conn, Executor
 from runlease.db.models import Event, Run
 
 MAX_LIFECYCLE = 200
-SHOWN = ("pending", "leased", "done", "dead", "cancelled")
+SHOWN = ("pending", "leased", "waiting", "done", "dead", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,8 @@ class ConsoleStore(Executor):
         n = {r["state"]: int(r["n"] or 0) for r in rows}
         delayed = n.get("delayed", 0)
         counts = {"pending": n.get("pending", 0) + delayed, "leased": n.get("leased", 0),
-                  "dead": n.get("dead", 0), "cancelled": n.get("cancelled", 0)}
+                  "waiting": n.get("waiting", 0), "dead": n.get("dead", 0),
+                  "cancelled": n.get("cancelled", 0)}
         counts["done"] = max(0, n.get("total", 0) - sum(counts.values()))
         return StatusCounts({s: counts[s] for s in SHOWN if counts[s]}, delayed)
 

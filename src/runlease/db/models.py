@@ -87,6 +87,10 @@ class Run(RunHead):
     # Set while parked behind its thread's head or its key's limit: when it was due.
     thread_due_at: datetime | None = None
     key_due_at: datetime | None = None
+    # Its inbox (issue 28): messages sent to it, and taken by its agent.
+    inbox_seq: int = 0
+    inbox_read: int = 0
+    rerun_of: UUID | None = None  # the run it reruns (POST /v1/runs/{id}/rerun)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:

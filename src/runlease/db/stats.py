@@ -22,7 +22,13 @@ class QueueStats:
     by_tenant: dict[str, tuple[int, int, int]]
     dead_by_code: dict[str | None, int]
     oldest_ready_s: float
+    # Runs waiting for a person's input, per tenant (issue 28): no slot, not claimable.
+    waiting_by_tenant: dict[str, int] = field(default_factory=dict)
     keys_waiting: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def waiting(self) -> int:
+        return sum(self.waiting_by_tenant.values())
 
     @property
     def pending(self) -> int:
@@ -60,6 +66,8 @@ class StatsStore(Executor):
             dead_by_code={r["error_code"]: int(r["n"]) for r in dead},
             oldest_ready_s=max((float(r["oldest_ready_s"]) for r in tenants
                                 if r["oldest_ready_s"] is not None), default=0.0),
+            waiting_by_tenant={r["tenant_id"]: int(r["waiting"]) for r in tenants
+                               if r["waiting"]},
             keys_waiting={(r["tenant_id"], r["key"]): int(r["waiting"]) for r in keys},
         )
 

@@ -19,6 +19,8 @@ each concern, each beside its statements in `sql/`:
     usage.py      usage per run and per day     (usage.sql)
     rates.py      tenants' submit rates         (rates.sql)
     children.py   child runs, waiting for them  (children.sql)
+    humans.py     waiting for input, the inbox  (humans.sql)
+    reruns.py     a run again from a step       (reruns.sql)
     threads.py    threads: one active run each  (threads.sql)
     keys.py       concurrency keys and limits   (keys.sql)
     singletons.py singletons and debounce       (singletons.sql)
@@ -43,6 +45,7 @@ from runlease.db.leaders import LeaderStore
 from runlease.db.leases import MAX_CLAIM_BATCH, LeaseStore, Rendered
 from runlease.db.pools import PoolStore
 from runlease.db.rates import RateStore
+from runlease.db.reruns import RerunStore
 from runlease.db.run_search import RunFilter, SearchStore
 from runlease.db.runs import MAX_BATCH, MAX_LIST_LIMIT, NewRun, QueueStore
 from runlease.db.schedules import ScheduleStore
@@ -68,7 +71,7 @@ __all__ = [
 ]
 
 
-class RunStore(BulkStore, ScheduleStore, ChildStore,
+class RunStore(RerunStore, BulkStore, ScheduleStore, ChildStore,
                BatchStore, QueueStore, SearchStore, LeaseStore, EventStore, PoolStore,
                LeaderStore, StatsStore, WorkerStore, UsageStore, RateStore, WebhookStore,
                ConsoleStore):

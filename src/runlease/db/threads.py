@@ -10,12 +10,16 @@ of a tenant's thread is active; the others wait in submit order.
 
 A submit to a thread with a head follows its multitask policy: `enqueue`
 waits its turn, `reject` refuses (ThreadBusy, naming the head), `interrupt`
-asks the head to stop (after the submit commits: see `interrupt`), and
-`rollback` does so and flags the head `rolled_back`.
+asks the head to stop (after the submit commits: see `interrupt`),
+`rollback` does so and flags the head `rolled_back`, and `steer` makes no
+run: the submit's input goes into the head's inbox as a message (issue 28),
+in the same transaction, under the thread's lock (the head cannot finish
+meanwhile), and the answer is the head.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -24,6 +28,7 @@ from uuid import UUID
 
 from runlease.core import bounds
 from runlease.db.executor import Conn
+from runlease.db.humans import HumanStore
 from runlease.db.models import EnqueueResult, FromRow, Run
 from runlease.db.runs import NewRun, QueueStore
 from runlease.errors import ThreadBusy, ValidationError
@@ -38,6 +43,7 @@ class Multitask(StrEnum):
     REJECT = "reject"
     INTERRUPT = "interrupt"
     ROLLBACK = "rollback"
+    STEER = "steer"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,9 +66,10 @@ class ThreadSubmit:
 
     result: EnqueueResult
     interrupt: UUID | None = None
+    steered: int | None = None  # steer: the message's seq in the head's inbox
 
 
-class ThreadStore(QueueStore):
+class ThreadStore(HumanStore, QueueStore):
     """A tenant's threads: submit into one, read one, list its runs."""
 
     async def submit_to_thread(self, pool: str, run: NewRun, thread_id: str,
@@ -76,6 +83,11 @@ class ThreadStore(QueueStore):
         tenant = bounds.check_tenant(run.tenant_id)
         (lock,) = await self._rows("thread_lock", {"tenant": tenant, "thread": thread}, conn)
         head: UUID | None = lock["head_run_id"]
+        if head is not None and policy is Multitask.STEER:
+            text, data = steer_message(run.input)
+            seq, _ = await self.send_message(head, text, data, tenant_id=tenant, conn=conn)
+            return ThreadSubmit(EnqueueResult(await self.get(head, conn=conn), False),
+                                steered=seq)
         (result,) = await self.enqueue_many(pool, [run], notify=False, conn=conn)
         if not result.inserted:
             return ThreadSubmit(result)
@@ -118,6 +130,17 @@ class ThreadStore(QueueStore):
                                   "thread": bounds.check_thread(thread_id),
                                   "after": after, "limit": limit}
         return [Run.from_row(r) for r in await self._rows("thread_runs", params, conn)]
+
+
+def steer_message(run_input: Any) -> tuple[str, dict[str, Any] | None]:
+    """A steering submit's input as a message: its `text` or `message` (a
+    string), else the input as JSON text; the input itself as its data."""
+    if isinstance(run_input, dict):
+        for name in ("text", "message"):
+            if isinstance(run_input.get(name), str):
+                return run_input[name], dict(run_input)
+    return json.dumps(run_input, separators=(",", ":"))[:4096], (
+        dict(run_input) if isinstance(run_input, dict) else None)
 
 
 def _policy(value: Multitask | str) -> Multitask:

@@ -25,6 +25,7 @@ class PoolGauges:
     def export(self, spec: PoolSpec, observed: Observed) -> None:
         stats = observed.queue
         queue_now = {(tenant, state) for tenant in stats.by_tenant for state in STATES}
+        queue_now |= {(tenant, "waiting") for tenant in stats.waiting_by_tenant}
         dead_now = {code or "" for code in stats.dead_by_code}
         queue_before, dead_before = self._exported.get(spec.pool, (set(), set()))
         for tenant, state in queue_before - queue_now:
@@ -35,6 +36,9 @@ class PoolGauges:
         for tenant, counts in stats.by_tenant.items():
             for state, value in zip(STATES, counts, strict=True):
                 metrics.QUEUE_RUNS.labels(spec.pool, tenant, state).set(value)
+        for tenant, value in stats.waiting_by_tenant.items():
+            # Waiting for a person: no slot, not demand for workers.
+            metrics.QUEUE_RUNS.labels(spec.pool, tenant, "waiting").set(value)
         keys_before = self._keys.get(spec.pool, set())
         for tenant, key in keys_before - set(stats.keys_waiting):
             metrics.KEY_WAITING.remove(spec.pool, tenant, key)

@@ -76,6 +76,7 @@ class Reaper(PeriodicService):
         await self.fold_pool_health()
         await self.roll_up_usage()
         await self.wake_parents()
+        await self.time_out_inputs()
 
     async def _in_batches(self, batch: Callable[[], Awaitable[int]]) -> int:
         """`batch()` (one bounded batch: how many rows it did) until a batch is
@@ -105,6 +106,17 @@ class Reaper(PeriodicService):
             if result.total < self.bounds.batch and len(result.ended) < self.bounds.batch:
                 break
         return total
+
+    async def time_out_inputs(self) -> int:
+        """Runs waiting for input past their request's timeout go back to
+        pending (their wait raises InputTimeout), in bounded batches."""
+        async def batch() -> int:
+            timed_out = await self.store.time_out_inputs(batch=self.bounds.batch)
+            for run_id, pool, tenant, name in timed_out:
+                log.info("input_timed_out run_id=%s pool=%s tenant=%s name=%s", run_id, pool,
+                         tenant, name)
+            return len(timed_out)
+        return await self._in_batches(batch)
 
     async def forget_workers(self) -> int:
         """Delete registry rows of workers gone for a while (the console stops

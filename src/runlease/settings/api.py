@@ -36,6 +36,13 @@ class ApiSettings:
               "replica (a random one is made at start otherwise).")
     stream_token_ttl_s: int = setting(300, "Lifetime of an event-stream token.", minimum=10,
                                       maximum=86_400)
+    resume_secret: str | None = setting(
+        None, "Key that signs the single-use resume links of runs waiting for input "
+              "(GET /v1/runs/{id}/input); without it, a key made once and kept in the "
+              "database signs them (the same for every replica, across restarts).")
+    public_url: str | None = setting(
+        None, "The API's address as people reach it (https://runs.example.com), for the "
+              "resume links; defaults to the address each request came to.")
     console_secret: str | None = setting(
         None, "Key that signs the web console's session cookies (/ui/); set the same on "
               "every replica (a random one is made at start otherwise, and a restart signs "

@@ -30,8 +30,15 @@ def load_agent(spec: str, app_dir: str = ".") -> Any:
                             f"--app-dir, then the installed packages)") from None
     if not (inspect.iscoroutinefunction(agent)
             or inspect.iscoroutinefunction(getattr(agent, "__call__", None))):  # noqa: B004
+        # An agent of a supported library (OpenAI Agents SDK, PydanticAI,
+        # LangGraph), adapted: runlease.integrations.
+        from runlease.integrations import adapt
+        adapted = adapt(agent, spec)
+        if adapted is not None:
+            return adapted
         raise SettingsError(f"{where}: {spec} is not an async function; an agent is "
-                            "`async def agent(ctx): ...` (the worker awaits it)")
+                            "`async def agent(ctx): ...` (the worker awaits it), or an "
+                            "agent of the OpenAI Agents SDK, PydanticAI or LangGraph")
     return agent
 
 

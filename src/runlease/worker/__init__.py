@@ -7,6 +7,7 @@ from runlease.worker.context import RunContext
 from runlease.worker.errors import (
     BudgetExceeded,
     FatalError,
+    InputTimeout,
     RetryableError,
     RunCancelled,
     ToolTimeout,
@@ -16,6 +17,7 @@ from runlease.worker.tools import ToolResult
 __all__ = [
     "BudgetExceeded",
     "FatalError",
+    "InputTimeout",
     "RetryableError",
     "RunCancelled",
     "RunContext",

@@ -6,36 +6,42 @@
         answer = await ctx.step("plan", call_model) # durable: not run again on retry
         result = await ctx.run_tool(["pytest", "-q"], timeout_s=300)
         await ctx.emit("message", {"text": answer})
+        ok = await ctx.wait_for_input("approve", prompt="Ship it?",
+                                      schema={"type": "boolean"})  # parks, holding nothing
+        note = await ctx.receive(timeout_s=30)      # a message sent to the run, or None
         return {"answer": answer}
 
 Every write goes through the run's lease (fenced); a write that finds the
 lease gone raises LeaseLost and the worker stops the run. Transient database
 trouble is retried here until the worker's own fencing gives up. Budgets:
-worker/budget.py; child runs: worker/children.py.
+worker/budget.py; child runs: worker/children.py; input and messages:
+worker/humans.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final, Protocol, TypeVar
 
 from runlease.clock import Clock, SystemClock
 from runlease.core.bounds import Budget, ResultRefused
+from runlease.db.humans import check_input_name, check_schema
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.db.usage import Usage
-from runlease.errors import DatabaseUnavailable, LeaseLost
+from runlease.errors import DatabaseUnavailable, LeaseLost, RunleaseError
 from runlease.services.loop import sleep
 from runlease.worker import deltas
 from runlease.worker.budget import BudgetKeeper
 from runlease.worker.cancellable_http import CancellableHttp
 from runlease.worker.children import Children
 from runlease.worker.deltas import DeltaStream
-from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
+from runlease.worker.errors import FatalError, InputTimeout, RunCancelled, ToolTimeout
+from runlease.worker.humans import Inbox, WaitForInput
 from runlease.worker.tool_output import STREAM_MAX_BYTES, OutputEvents
 from runlease.worker.tools import ToolResult, ToolRunner
 
@@ -71,6 +77,7 @@ class RunContext:
         started: float | None = None,
         fence: Fence | None = None,
         clock: Clock | None = None,
+        inbox_wake: Callable[[], asyncio.Event] | None = None,
     ) -> None:
         self.lease = lease
         # What the run is: what agents read, fixed for the context's life.
@@ -105,6 +112,11 @@ class RunContext:
         # first tool call that streams its output.
         self._output_used: list[int] | None = None
         self._output_cut = False
+        self._inbox_wake = inbox_wake
+        self._inbox: Inbox | None = None
+        # The request this attempt parks on, kept in case agent code swallows
+        # the WaitForInput it raised: the worker parks the run all the same.
+        self.waiting_for: WaitForInput | None = None
 
     @property
     def http(self) -> CancellableHttp:
@@ -198,6 +210,67 @@ class RunContext:
         worker/children.py)."""
         await self.flush()
         return await self._children.wait()
+
+    # -- people: input and messages (worker/humans.py) ----------------------------
+
+    async def wait_for_input(self, name: str, *, prompt: str | None = None,
+                             schema: Mapping[str, Any] | None = None,
+                             timeout_s: float | None = None) -> Any:
+        """Ask a person and wait, holding no slot: a durable step. Returns the
+        answer (checked against `schema`, a JSON schema, if given); raises
+        InputTimeout if none came within timeout_s. Until the answer comes
+        the run is parked as `waiting` and this attempt ends here; the next
+        attempt replays the agent's steps and this call returns the answer."""
+        try:
+            check_input_name(name)
+            schema = check_schema(dict(schema) if schema is not None else None)
+        except RunleaseError as exc:
+            raise FatalError(f"wait_for_input: {exc}", code="invalid_input_request") from None
+        steps = await self._load_steps()
+        if (step := steps.get(f"input:{name}")) is not None:
+            answer = step.result
+            if isinstance(answer, dict) and answer.get("timed_out") is True:
+                raise InputTimeout(name)
+            return answer.get("value") if isinstance(answer, dict) else answer
+        await self.check()
+        await self.flush()
+        self.waiting_for = WaitForInput(name, prompt, schema, timeout_s)
+        raise self.waiting_for
+
+    @property
+    def _messages(self) -> Inbox:
+        if self._inbox is None:
+            self._inbox = Inbox(self.lease, self.store, self._load_steps, self._write,
+                                self._cancel, self._inbox_wake() if self._inbox_wake else None)
+        return self._inbox
+
+    async def receive(self, timeout_s: float | None = None) -> dict[str, Any] | None:
+        """The next message sent to the run ({"text", "data"?, "seq",
+        "sent_at"}), each once per run across attempts; waits up to timeout_s
+        (None: until one comes or the run is stopped) and returns None when
+        the time is up. The run keeps its slot while it waits here: to wait
+        long for a person, use wait_for_input.
+
+        The k-th take of the run is the durable step 'message:<k>': a later
+        attempt gets the same messages again in the same order. So take
+        messages in the agent's own flow, not inside a ctx.step function (a
+        replayed step does not run its function, and the takes after it
+        would be out of step)."""
+        return await self._messages.receive(timeout_s, self.check, self._clock.monotonic)
+
+    async def take_messages(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The messages waiting now (at most `limit`), taken at once: what a
+        model loop adds as user messages before its next turn."""
+        await self.check()
+        return await self._messages.take_all(limit)
+
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+        """Every message sent to the run, in order, as it comes (until the run
+        is stopped): `async for message in ctx.messages(): ...`."""
+        while True:
+            message = await self.receive()
+            if message is not None:
+                yield message
 
     async def sleep(self, seconds: float) -> None:
         """Sleep, but wake with RunCancelled as soon as the run is cancelled."""

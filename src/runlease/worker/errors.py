@@ -6,6 +6,7 @@
     FatalError            -> dead at once
     BudgetExceeded        -> dead, error_code "budget_exceeded"
     RunCancelled          -> the user's Stop was seen: cancelled, never retried
+    InputTimeout          -> (from ctx.wait_for_input, uncaught) dead, "input_timeout"
 """
 
 from __future__ import annotations
@@ -49,3 +50,15 @@ class ToolTimeout(RetryableError):
 
 class RunCancelled(RunleaseError):
     """Raised inside agent code once the user asked to stop the run."""
+
+
+class InputTimeout(FatalError):
+    """ctx.wait_for_input's request timed out with no answer. The agent may
+    catch it (and go on without); uncaught, the run ends dead with
+    error_code input_timeout."""
+
+    default_code = ErrorCode.INPUT_TIMEOUT.value
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no answer to input {name!r} before its timeout")
+        self.name = name

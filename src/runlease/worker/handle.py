@@ -116,6 +116,9 @@ class RunHandle:
         # ended UNKNOWN wrote no ending, and its run is still leased.
         self.outcome: Outcome | None = None
         self._killing: asyncio.Task[None] | None = None
+        # Made when the agent first waits for a message (ctx.receive): set by
+        # the inbox NOTIFY for this run (worker.py).
+        self._inbox: asyncio.Event | None = None
 
     @property
     def run_id(self) -> Any:
@@ -165,6 +168,16 @@ class RunHandle:
                   now - (self.fence_at - self.terms.fence_after_s))
         self.stop(StopReason.SELF_FENCED)
         self.incarnation.end("self_fenced")
+
+    def inbox_wake(self) -> asyncio.Event:
+        if self._inbox is None:
+            self._inbox = asyncio.Event()
+        return self._inbox
+
+    def poke_inbox(self) -> None:
+        """A message was sent to the run: wake its agent if it waits for one."""
+        if self._inbox is not None:
+            self._inbox.set()
 
     def request_cancel(self) -> None:
         """The user's Stop reached this worker (NOTIFY or the heartbeat flag)."""

@@ -16,7 +16,8 @@ ending differently:
 Otherwise the agent's own ending decides (see worker/errors.py); an agent
 that awaits ctx.wait_children() while a child is unfinished ends the attempt
 waiting (back to pending, the attempt not charged, resumed when the children
-are done: worker/children.py).
+are done: worker/children.py); one that awaits ctx.wait_for_input() with no
+answer yet ends it `waiting` for a person (worker/humans.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from runlease.worker.children import WaitForChildren
 from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
 from runlease.worker.handle import RunHandle, StopReason
+from runlease.worker.humans import WaitForInput
 from runlease.worker.waits import first_of
 
 log = logging.getLogger(__name__)
@@ -239,7 +241,8 @@ class Runner:
             RunContext, asyncio.Task[Any], asyncio.TimerHandle | None]:
         handle.previous = None  # nothing more to wait for; let it be collected
         ctx = RunContext(handle.lease, self.store, cancel=handle.cancel, tools=handle.tools,
-                         started=handle.claimed_at, fence=handle, clock=handle.terms.clock)
+                         started=handle.claimed_at, fence=handle, clock=handle.terms.clock,
+                         inbox_wake=handle.inbox_wake)
         deadline = None
         if (left := ctx.deadline_left_s) is not None:
             deadline = asyncio.get_running_loop().call_later(
@@ -290,7 +293,15 @@ class Runner:
 
     async def _agent(self, ctx: RunContext) -> Any:
         await ctx.start()  # a budget spent by earlier attempts ends the run here
-        result = await self.agent(ctx)
+        try:
+            result = await self.agent(ctx)
+        except Exception as exc:
+            if ctx.waiting_for is not None and exc is not ctx.waiting_for:
+                # Agent code caught the wait and failed on: the wait stands.
+                raise ctx.waiting_for from exc
+            raise
+        if ctx.waiting_for is not None:  # caught and swallowed: the wait stands
+            raise ctx.waiting_for
         await ctx.flush()
         return result
 
@@ -310,6 +321,13 @@ class Runner:
             latency = await self._retry(handle, lambda: self.store.finalize_cancel(lease))
             metrics.CANCEL_LATENCY.labels(handle.pool).observe(latency)
             return Outcome.CANCELLED
+        if isinstance(error, WaitForInput):
+            # Parked until a person answers: no lease, no slot, no attempt charged.
+            wait = error
+            status = await self._retry(handle, lambda: self.store.wait_input(
+                lease, wait.name, prompt=wait.prompt, schema=wait.schema,
+                timeout_s=wait.timeout_s))
+            return Outcome.WAITING if status == RunStatus.WAITING else Outcome(status.value)
         if isinstance(error, WaitForChildren):
             # Parked until its children finish: no slot held, no attempt charged.
             status = await self._retry(handle, lambda: self.store.wait_children(lease))

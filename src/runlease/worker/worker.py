@@ -6,7 +6,7 @@
     lease keeper  the worker's incarnation: registered, renewed once per interval
                   whatever the runs held (a run's lease is its incarnation's),
                   fenced by the worker's clock, replaced when it is over
-    listener      its own session: the pool channel and the cancel channel
+    listener      its own session: the pool, cancel and inbox channels
     acker         acks of runs that finish together go out in one statement
     reaper        leader-elected through PostgreSQL; reap and retention
     probes        /metrics, /healthz, /readyz
@@ -31,7 +31,7 @@ from runlease import logs, metrics
 from runlease.clock import Clock, SystemClock
 from runlease.core.redact import Redactor
 from runlease.core.states import Outcome
-from runlease.db.channels import CANCEL_CHANNEL, pool_channel
+from runlease.db.channels import CANCEL_CHANNEL, INBOX_CHANNEL, pool_channel
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease, Pool
 from runlease.db.pooler import check_behind_pooler
@@ -163,7 +163,8 @@ class Worker:
                                 slot_freed=self._slot_freed)
         self.listener = (Listener(s.listen_database_url or self.url,
                                   {pool_channel(s.pool): lambda _: self._wake.set(),
-                                   CANCEL_CHANNEL: self._on_cancel_notify},
+                                   CANCEL_CHANNEL: self._on_cancel_notify,
+                                   INBOX_CHANNEL: self._on_inbox_notify},
                                   on_connect=self._wake.set) if s.listen else None)
         self.elector = (LeaderElector(self.store, self.identity, ttl_s=s.leader_ttl_s)
                         if s.reaper else None)
@@ -383,6 +384,16 @@ class Worker:
         if len(self._early_cancels) > 1000:  # bounded: forget those long gone
             self._early_cancels = {k: t for k, t in self._early_cancels.items() if now - t < 30}
         self._early_cancels[run_id] = now
+
+    def _on_inbox_notify(self, payload: str) -> None:
+        """A message was sent to a run: wake its agent if this worker holds it
+        (the agent's receive polls as well: NOTIFY is not durable)."""
+        try:
+            run_id = UUID(payload)
+        except ValueError:
+            return
+        if (handle := self.held.get(run_id)) is not None:
+            handle.poke_inbox()
 
     def _lost(self, handle: RunHandle, reason: StopReason) -> None:
         handle.stop(reason)

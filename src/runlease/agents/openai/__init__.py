@@ -15,6 +15,10 @@ already answered and no tool runs twice. Tool calls run only once the
 model's message is complete: a stream that breaks half-way executes nothing
 and the whole turn is asked again on the next attempt.
 
+Messages sent to the run while it works (POST /v1/runs/{id}/messages, a
+thread's `steer`) join the conversation as user messages before the next
+model turn; a final answer with messages waiting gets one more turn.
+
 Settings are read when a run starts, not at import, so importing the module
 needs no key and tests can point it elsewhere: RUNLEASE_OPENAI_BASE_URL,
 RUNLEASE_OPENAI_MODEL, RUNLEASE_OPENAI_API_KEY (or OPENAI_API_KEY) and
@@ -66,6 +70,7 @@ async def _loop(ctx: RunContext, client: openai.AsyncOpenAI, config: OpenAISetti
                 secrets: Secrets) -> dict[str, Any]:
     tool_calls = 0
     while True:
+        await _take_messages(ctx, messages)
         turn = await ctx.begin_turn()
         reply = await ctx.step(f"turn-{turn}", partial(
             model_turn, ctx, client, config, request, list(messages), turn, secrets))
@@ -73,6 +78,8 @@ async def _loop(ctx: RunContext, client: openai.AsyncOpenAI, config: OpenAISetti
         messages.append(message)
         calls = message.get("tool_calls") or []
         if not calls:
+            if await _take_messages(ctx, messages):
+                continue  # told something while it answered: one more turn for it
             return {"content": message.get("content") or "", "turns": turn,
                     "tool_calls": tool_calls, "finish_reason": reply["finish_reason"]}
         # Only now, with the message complete and committed, do tools run.
@@ -89,3 +96,12 @@ async def _loop(ctx: RunContext, client: openai.AsyncOpenAI, config: OpenAISetti
             # key order, and the conversation must read the same on every attempt.
             messages.append({"role": "tool", "tool_call_id": call["id"],
                              "content": json.dumps(result, ensure_ascii=False, sort_keys=True)})
+
+
+async def _take_messages(ctx: RunContext, messages: list[dict[str, Any]]) -> int:
+    """Messages sent to the run since its last turn (POST /v1/runs/{id}/messages,
+    a thread's `steer`), as user messages: the model sees them at its next turn."""
+    taken = await ctx.take_messages()
+    for m in taken:
+        messages.append({"role": "user", "content": str(m.get("text", ""))})
+    return len(taken)

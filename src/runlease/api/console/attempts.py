@@ -67,8 +67,11 @@ def attempts(run: Run, holders: list[dict[str, Any]], lifecycle: list[Event]) ->
             code = end.data.get("error_code")
             if end.kind == "run.lease_expired" and end.data.get("status") != "cancelled":
                 code = "lease_expired"  # the reap's error code, set on the run row only
+            outcome = ENDINGS[end.kind]
+            if end.kind == "run.waiting" and isinstance(end.data.get("input"), str):
+                outcome = f"waiting for input {end.data['input']!r}"
             out.append(Attempt(_int(h.get("attempt")), worker, started, end.created_at,
-                               ENDINGS[end.kind], str(code) if code else None))
+                               outcome, str(code) if code else None))
         elif next_seq is not None:  # its ending event is older than the events read
             out.append(Attempt(_int(h.get("attempt")), worker, started, None, "ended"))
         elif run.status is RunStatus.LEASED:

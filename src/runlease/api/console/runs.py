@@ -1,9 +1,10 @@
 """Console pages for runs: sign in and out, the live runs table, one run
-(with its live event stream), and its Cancel and Redrive forms."""
+(with its live event stream), and its Cancel, Redrive, Rerun and input forms."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import re
 from typing import Any
@@ -17,6 +18,7 @@ from runlease.api.console.deps import (
     AdminForm,
     BadRequest,
     Form,
+    Refused,
     Store,
     Who,
     console_state,
@@ -28,7 +30,9 @@ from runlease.api.console.filters import STATUSES, Filters
 from runlease.api.console.session import COOKIE, COOKIE_PATH
 from runlease.api.deps import api_state
 from runlease.core.states import RunStatus
+from runlease.db.humans import InputRefused, free_text
 from runlease.db.models import Run
+from runlease.db.rates import Throttled
 from runlease.db.run_search import RunFilter
 from runlease.db.store import RunStore
 from runlease.errors import InvalidTransition, RunNotFound, ValidationError
@@ -44,6 +48,10 @@ NOTICES = {
     "redrive": "Redriven: the run is pending again, its attempts reset.",
     "cancel-finished": "The run had already finished: nothing to cancel.",
     "redrive-not-dead": "Only a dead run can be redriven.",
+    "input": "Answered: the run goes on with your answer.",
+    "input-refused": "That request cannot be answered any more (answered, timed out, or the "
+                     "run moved on).",
+    "rerun": "This run is a rerun: the steps copied from the old run are not run again.",
 }
 
 
@@ -159,13 +167,16 @@ async def run_context(request: Request, run_id: UUID, who: Who,
     run = await scoped_run(store, run_id, who)
     notice = NOTICES.get(request.query_params.get("notice", ""))
     lifecycle = await store.lifecycle(run_id)
+    inputs = (await store.input_requests(run_id, tenant_id=who.scope)
+              if run.status == RunStatus.WAITING else [])
     # Its thread's neighbours: the two runs before it and the two after.
     neighbours = (await store.thread_runs(run.tenant_id, run.thread_id,
                                           after=max(0, (run.thread_seq or 0) - 3), limit=5)
                   if run.thread_id is not None else [])
     return {"viewer": who, "run": run, "notice": notice, "lifecycle": lifecycle,
             "attempts": attempts(run, await store.holders(run_id), lifecycle),
-            "finished": run.status in FINISHED, "neighbours": neighbours}
+            "finished": run.status in FINISHED, "neighbours": neighbours,
+            "inputs": [i for i in inputs if i.open], "input_error": None}
 
 
 async def steps_context(store: RunStore, run_id: UUID) -> dict[str, Any]:
@@ -222,3 +233,61 @@ async def redrive(run_id: UUID, form: AdminForm, store: Store) -> Response:
     except InvalidTransition:
         return see_other(f"/ui/runs/{run_id}?notice=redrive-not-dead")
     return see_other(f"/ui/runs/{run_id}?notice=redrive")
+
+
+@router.post("/runs/{run_id}/input")
+async def give_input(request: Request, run_id: UUID, form: Form, store: Store) -> Response:
+    """The waiting run's form: approve, deny, or a value (text, or JSON for
+    a request with a schema that is not text)."""
+    await scoped_run(store, run_id, form.viewer)
+    name = form.get("name")
+    requests = {r.name: r for r in await store.input_requests(run_id,
+                                                              tenant_id=form.viewer.scope)}
+    request_ = requests.get(name)
+    if request_ is None or not request_.open:
+        return see_other(f"/ui/runs/{run_id}?notice=input-refused")
+    text = form.get("value")
+    try:
+        value = console_value(request_.schema, text)
+        await store.give_input(run_id, name, value, tenant_id=form.viewer.scope, by="console")
+    except InputRefused:
+        return see_other(f"/ui/runs/{run_id}?notice=input-refused")
+    except ValidationError as exc:
+        context = await run_context(request, run_id, form.viewer, store)
+        context |= await steps_context(store, run_id)
+        context["input_error"] = str(exc)
+        token, _ = api_state(request).stream_tokens.issue(run_id, form.viewer.session.principal)
+        context["stream_url"] = f"/v1/runs/{run_id}/events?token={token}"
+        return console_state(request).renderer.page(request, "run.html", context,
+                                                   status=422)
+    return see_other(f"/ui/runs/{run_id}?notice=input")
+
+
+def console_value(schema: Any, text: str) -> Any:
+    """A form's text as the request's kind of answer."""
+    if isinstance(schema, dict) and schema.get("type") == "boolean":
+        if text not in ("true", "false"):
+            raise ValidationError("value", "choose approve or deny")
+        return text == "true"
+    if free_text(schema):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValidationError("value", "is not valid JSON") from None
+
+
+@router.post("/runs/{run_id}/rerun")
+async def rerun(run_id: UUID, form: Form, store: Store) -> Response:
+    """Run it again: from the step named in the form (the steps committed
+    before it copied), or from scratch."""
+    old = await scoped_run(store, run_id, form.viewer)
+    from_step = form.get("from_step").strip() or None
+    try:
+        async with store.connection() as conn, conn.transaction():
+            await store.admit_all(old.pool, old.tenant_id, 1, conn=conn)
+            run, _ = await store.rerun(run_id, tenant_id=form.viewer.scope,
+                                       from_step=from_step, conn=conn)
+    except (Throttled, ValidationError) as exc:
+        raise Refused(429 if isinstance(exc, Throttled) else 422, str(exc)) from None
+    return see_other(f"/ui/runs/{run.id}?notice=rerun")

@@ -60,7 +60,7 @@ SELECT * FROM agent_runs
 WITH {{clock}}, open AS (
     SELECT EXISTS (SELECT 1 FROM agent_runs c
                     WHERE c.parent_run_id = %(id)s
-                      AND c.status IN ('pending', 'leased')) AS waiting
+                      AND c.status IN ('pending', 'leased', 'waiting')) AS waiting
 ), upd AS (
     UPDATE agent_runs r
        SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -98,7 +98,7 @@ WITH {{clock}}, due AS (
      WHERE w.awaiting_children AND w.status = 'pending'
        AND NOT EXISTS (SELECT 1 FROM agent_runs c
                         WHERE c.parent_run_id = w.id
-                          AND c.status IN ('pending', 'leased'))
+                          AND c.status IN ('pending', 'leased', 'waiting'))
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
 ), upd AS (
@@ -128,4 +128,4 @@ WITH RECURSIVE tree AS (
       FROM agent_runs c JOIN tree t ON c.parent_run_id = t.id
      WHERE t.depth < 32
 )
-SELECT id FROM tree WHERE status IN ('pending', 'leased') LIMIT %(limit)s;
+SELECT id FROM tree WHERE status IN ('pending', 'leased', 'waiting') LIMIT %(limit)s;

@@ -22,7 +22,7 @@
 CREATE OR REPLACE FUNCTION runlease_counted_state(p_status text, p_delayed boolean) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN p_status = 'pending' AND p_delayed THEN 'delayed'
-            WHEN p_status IN ('pending', 'dead', 'cancelled') THEN p_status
+            WHEN p_status IN ('pending', 'waiting', 'dead', 'cancelled') THEN p_status
             ELSE '' END;
 
 -- Inserts and deletes: one statement-level trigger each, one delta row per
@@ -108,8 +108,8 @@ CREATE OR REPLACE TRIGGER agent_runs_count_delete AFTER DELETE ON agent_runs
 CREATE OR REPLACE TRIGGER agent_runs_count_update
     AFTER UPDATE OF status, delayed, error_code, pool, tenant_id ON agent_runs
     FOR EACH ROW
-    WHEN ((OLD.status IN ('pending', 'dead', 'cancelled')
-           OR NEW.status IN ('pending', 'dead', 'cancelled'))
+    WHEN ((OLD.status IN ('pending', 'waiting', 'dead', 'cancelled')
+           OR NEW.status IN ('pending', 'waiting', 'dead', 'cancelled'))
           AND NOT (OLD.status = 'pending' AND NEW.status = 'leased')
           AND (OLD.status <> NEW.status OR OLD.delayed <> NEW.delayed
                OR OLD.error_code IS DISTINCT FROM NEW.error_code
@@ -873,7 +873,10 @@ $$;
 -- slot goes to the key's oldest parked run while the key is within its
 -- limit (due at max(its own due time, the finish)), else it is freed. A
 -- parked run that finishes (a cancel) held none. A run back from a final
--- state (redrive) takes a slot again, or is parked. As runlease_thread_advance.
+-- state (redrive) takes a slot again, or is parked. A run that waits for a
+-- person (issue 28) holds no slot either: going to `waiting` frees it as a
+-- finish does, and the resume takes one again, or parks the run, as a
+-- redrive does. As runlease_thread_advance.
 CREATE OR REPLACE FUNCTION runlease_key_release() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -896,7 +899,7 @@ BEGIN
      WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id AND k.key = NEW.concurrency_key
        FOR UPDATE;
     v_limit := runlease_key_limit(NEW.pool, NEW.concurrency_key);
-    IF NEW.finished_at IS NULL THEN
+    IF NEW.finished_at IS NULL AND NEW.status <> 'waiting' THEN
         IF v_limit IS NULL OR v_active < v_limit THEN
             UPDATE agent_run_keys k SET active = k.active + 1
              WHERE k.pool = NEW.pool AND k.tenant_id = NEW.tenant_id
@@ -945,7 +948,8 @@ CREATE OR REPLACE TRIGGER agent_runs_key_release
     AFTER UPDATE OF status ON agent_runs
     FOR EACH ROW
     WHEN (NEW.concurrency_key IS NOT NULL
-          AND (OLD.finished_at IS NULL) <> (NEW.finished_at IS NULL))
+          AND (OLD.finished_at IS NULL AND OLD.status <> 'waiting')
+              <> (NEW.finished_at IS NULL AND NEW.status <> 'waiting'))
     EXECUTE FUNCTION runlease_key_release();
 
 -- A pool's key limits were raised (or removed): its keys with parked runs

@@ -60,16 +60,17 @@ leased AS (
 
 -- part: cancel_request
 -- The user's Stop, as an UPDATE from its SET to its WHERE's tests but the
--- statement's own choice of runs (which follows: AND r.id ...): a pending run
--- is cancelled at once, a leased one gets the request, which its worker is
+-- statement's own choice of runs (which follows: AND r.id ...): a pending or
+-- waiting run is cancelled at once, a leased one gets the request, which its worker is
 -- told of; a tenant's token reaches its own runs only. The CASEs read the
 -- newest row version: a claim that commits meanwhile is seen as leased.
-status = CASE r.status WHEN 'pending' THEN 'cancelled' ELSE r.status END,
-           finished_at = CASE r.status WHEN 'pending' THEN clock.ts ELSE r.finished_at END,
+status = CASE WHEN r.status IN ('pending', 'waiting') THEN 'cancelled' ELSE r.status END,
+           finished_at = CASE WHEN r.status IN ('pending', 'waiting') THEN clock.ts
+                              ELSE r.finished_at END,
            cancel_requested_at = coalesce(r.cancel_requested_at, clock.ts),
            event_seq = r.event_seq + 1, updated_at = clock.ts
       FROM clock
-     WHERE r.status IN ('pending', 'leased')
+     WHERE r.status IN ('pending', 'leased', 'waiting')
        AND (%(tenant)s::text IS NULL OR r.tenant_id = %(tenant)s::text)
 
 

@@ -2,8 +2,8 @@
 
 
 -- name: pool_queue_stats
--- A pool's queue by tenant: pending (all, and available now), leased, and
--- the oldest available pending run's wait. Pending and delayed come from the
+-- A pool's queue by tenant: pending (all, and available now), leased,
+-- waiting for input, and the oldest available pending run's wait. Pending and delayed come from the
 -- maintained counts (agent_run_counts plus the deltas not folded yet: one
 -- snapshot, so a fold in between is seen whole or not at all); leased from
 -- agent_runs_leased_idx (bounded by what is in flight); runs in backoff whose
@@ -11,14 +11,16 @@
 -- the oldest wait from the head of agent_runs_ready_idx.
 WITH {{clock}}, counted AS (
     SELECT c.tenant_id, c.state, c.n FROM agent_run_counts c
-     WHERE c.pool = %(pool)s AND c.state IN ('pending', 'delayed')
+     WHERE c.pool = %(pool)s AND c.state IN ('pending', 'delayed', 'waiting')
     UNION ALL
     SELECT d.tenant_id, d.state, d.n FROM agent_run_count_deltas d
-     WHERE d.pool = %(pool)s AND d.state IN ('pending', 'delayed')
+     WHERE d.pool = %(pool)s AND d.state IN ('pending', 'delayed', 'waiting')
 ), waiting AS (
     SELECT c.tenant_id,
-           sum(c.n) AS pending,
-           coalesce(sum(c.n) FILTER (WHERE c.state = 'pending'), 0) AS ready
+           coalesce(sum(c.n) FILTER (WHERE c.state <> 'waiting'), 0) AS pending,
+           coalesce(sum(c.n) FILTER (WHERE c.state = 'pending'), 0) AS ready,
+           -- Runs waiting for a person (issue 28): not claimable, not pending.
+           coalesce(sum(c.n) FILTER (WHERE c.state = 'waiting'), 0) AS for_input
       FROM counted c
      GROUP BY c.tenant_id
 ), due AS (
@@ -39,10 +41,11 @@ SELECT t.tenant_id,
        coalesce(w.pending, 0) AS pending,
        coalesce(w.ready, 0) + coalesce(due.n, 0) AS ready,
        coalesce(l.n, 0) AS leased,
+       coalesce(w.for_input, 0) AS waiting,
        -- The pool's oldest wait, on every row (the caller takes the largest).
        CASE WHEN coalesce(w.ready, 0) + coalesce(due.n, 0) > 0
             THEN extract(epoch FROM clock.ts - oldest.at) END AS oldest_ready_s
-  FROM (SELECT w.tenant_id FROM waiting w WHERE w.pending <> 0
+  FROM (SELECT w.tenant_id FROM waiting w WHERE w.pending <> 0 OR w.for_input <> 0
         UNION SELECT l.tenant_id FROM leased l) t
   LEFT JOIN waiting w USING (tenant_id)
   LEFT JOIN leased l USING (tenant_id)
