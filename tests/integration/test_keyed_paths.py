@@ -341,3 +341,19 @@ async def test_the_cli_makes_keyed_schedules_and_batches(api: Api) -> None:
     assert code == 0, err
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme")) as http:
         assert (await http.get("/v1/threads/bulk")).json()["runs"] == 3
+
+
+async def test_a_thousand_item_batch_into_one_thread_keeps_its_order(api: Api) -> None:
+    """A flood of one thread by batch: the largest batch, every item into one
+    thread, is taken (no 500), numbered in the order given, one run active."""
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers("acme"),
+                                 timeout=120) as http:
+        answer = await _batch(http, *({"input": {"i": i}, "thread_id": "flood"}
+                                      for i in range(1000)))
+        assert answer.status_code == 201, answer.text[:300]
+        ids = [r["id"] for r in answer.json()["runs"]]
+        assert sum(_year(r) != PARKED for r in answer.json()["runs"]) == 1
+        page = (await http.get("/v1/threads/flood/runs", params={"limit": 500})).json()
+        assert [r["id"] for r in page["items"]] == ids[:500]
+        thread = (await http.get("/v1/threads/flood")).json()
+        assert (thread["runs"], thread["head_run_id"]) == (1000, ids[0])

@@ -27,6 +27,8 @@ PER_THREAD = 15
 KEYS = [("t0", "k-a"), ("t1", "k-b")]  # a limit of 2 each, by the pattern k-*
 PER_KEY = 20
 CLAIMERS = 8
+KILLS = 15
+MAX_ATTEMPTS = KILLS + 1  # a run every kill lands on is still not dead
 
 
 def _sample(db_url: str, stop: threading.Event, seen: dict[str, int]) -> None:
@@ -51,21 +53,22 @@ async def _submit_all(db_url: str) -> None:
         await store.replace_key_limits("default", KeyLimits(keys={"k-*": 2}))
         for k in range(PER_THREAD):
             for tenant, thread in THREADS:
+                run = NewRun(tenant, {"k": k}, max_attempts=MAX_ATTEMPTS)
                 async with store.connection() as conn, conn.transaction():
-                    await store.submit_to_thread("default", NewRun(tenant, {"k": k}), thread,
-                                                 conn=conn)
+                    await store.submit_to_thread("default", run, thread, conn=conn)
         for k in range(PER_KEY):
             for tenant, key in KEYS:
+                run = NewRun(tenant, {"k": k}, max_attempts=MAX_ATTEMPTS)
                 async with store.connection() as conn, conn.transaction():
-                    (made,) = await store.enqueue_many("default", [NewRun(tenant, {"k": k})],
-                                                       conn=conn)
+                    (made,) = await store.enqueue_many("default", [run], conn=conn)
                     await store.join_key(made.run.id, key, conn=conn)
 
 
-async def _reap_until_done(db_url: str, procs: list[multiprocessing.process.BaseProcess],
+async def _reap_until_done(db_url: str, procs: dict[str, multiprocessing.process.BaseProcess],
                            spawn: multiprocessing.context.SpawnContext) -> int:
-    """Kill one claimer every ~0.4 s and start another; reap; until every
-    run finished (or 150 s). Returns the kills."""
+    """Every ~0.4 s kill -9 a claimer that holds leases (one whose process
+    is still starting holds none) and start another; reap; until every run
+    finished (or 150 s). Returns the kills."""
     rng = random.Random(27)
     kills = 0
     n = len(procs)
@@ -78,18 +81,22 @@ async def _reap_until_done(db_url: str, procs: list[multiprocessing.process.Base
             async with store.connection() as conn:
                 row = await (await conn.execute(
                     "SELECT count(*) AS n FROM agent_runs WHERE finished_at IS NULL")).fetchone()
+                holders = [r["locked_by"] for r in await (await conn.execute(
+                    "SELECT DISTINCT locked_by FROM agent_runs WHERE status = 'leased'"
+                    " ORDER BY 1")).fetchall()]
             if row is not None and row["n"] == 0:
                 break
-            victim = rng.randrange(len(procs))
-            if procs[victim].is_alive() and kills < 40:
-                procs[victim].kill()  # SIGKILL: no release, no deregistration
-                procs[victim].join()
-                kills += 1
-            if not procs[victim].is_alive():
-                procs[victim] = spawn.Process(target=claim_until,
-                                              args=(db_url, f"c{n}", 150.0))
-                procs[victim].start()
-                n += 1
+            alive = [h for h in holders if h in procs and procs[h].is_alive()]
+            if not alive or kills >= KILLS:
+                continue
+            victim = rng.choice(alive)
+            procs[victim].kill()  # SIGKILL: no release, no deregistration
+            procs[victim].join()
+            kills += 1
+            name = f"c{n}"
+            n += 1
+            procs[name] = spawn.Process(target=claim_until, args=(db_url, name, 150.0))
+            procs[name].start()
     return kills
 
 
@@ -100,21 +107,21 @@ def test_thread_and_key_rules_hold_through_kill_9_of_workers(db_url: str) -> Non
         conn.execute("CREATE TABLE test_out_of_order (run_id uuid)")
     asyncio.run(_submit_all(db_url))
     spawn = multiprocessing.get_context("spawn")
-    procs: list[multiprocessing.process.BaseProcess] = [
-        spawn.Process(target=claim_until, args=(db_url, f"c{i}", 150.0))
-        for i in range(CLAIMERS)]
+    procs: dict[str, multiprocessing.process.BaseProcess] = {
+        f"c{i}": spawn.Process(target=claim_until, args=(db_url, f"c{i}", 150.0))
+        for i in range(CLAIMERS)}
     stop = threading.Event()
     seen = {"worst": 0, "worst_key": 0, "samples": 0}
     sampler = threading.Thread(target=_sample, args=(db_url, stop, seen))
     sampler.start()
-    for p in procs:
+    for p in procs.values():
         p.start()
     try:
         kills = asyncio.run(_reap_until_done(db_url, procs, spawn))
     finally:
         stop.set()
         sampler.join()
-        for p in procs:
+        for p in procs.values():
             if p.is_alive():
                 p.kill()
             p.join()
@@ -123,7 +130,7 @@ def test_thread_and_key_rules_hold_through_kill_9_of_workers(db_url: str) -> Non
     assert seen["worst"] == 1  # reached, never passed
     assert seen["worst_key"] == 2  # a key's limit across worker processes, reached, never passed
     with psycopg.connect(db_url) as conn:
-        statuses = dict(conn.execute(
+        statuses: dict[str, int] = dict(conn.execute(
             "SELECT status, count(*) FROM agent_runs GROUP BY 1").fetchall())
         reclaimed = conn.execute(
             "SELECT count(*) FROM agent_runs WHERE jsonb_array_length(holders) > 1"

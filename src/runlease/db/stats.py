@@ -24,11 +24,11 @@ class QueueStats:
     oldest_ready_s: float
     # Runs waiting for a person's input, per tenant (issue 28): no slot, not claimable.
     waiting_by_tenant: dict[str, int] = field(default_factory=dict)
+    keys_waiting: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def waiting(self) -> int:
         return sum(self.waiting_by_tenant.values())
-    keys_waiting: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
