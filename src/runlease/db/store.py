@@ -25,6 +25,7 @@ each concern, each beside its statements in `sql/`:
     keys.py       concurrency keys and limits   (keys.sql)
     singletons.py singletons and debounce       (singletons.sql)
     webhooks.py   completion webhooks           (webhooks.sql)
+    checkpoints.py LangGraph checkpoints, fenced (checkpoints.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -35,6 +36,7 @@ the fence matches zero rows.
 from __future__ import annotations
 
 from runlease.db.bulk import BulkStore
+from runlease.db.checkpoints import CheckpointStore
 from runlease.db.children import ChildStore
 from runlease.db.console import ConsoleStore
 from runlease.db.enqueue_batch import BatchEnqueued, BatchStore
@@ -76,5 +78,5 @@ __all__ = [
 class RunStore(RerunStore, SingletonStore, KeyStore, ThreadStore, BulkStore, ScheduleStore,
                ChildStore, BatchStore, QueueStore, SearchStore, LeaseStore, EventStore, PoolStore,
                LeaderStore, StatsStore, WorkerStore, UsageStore, RateStore, WebhookStore,
-               ConsoleStore):
+               ConsoleStore, CheckpointStore):
     """Every store in one: what the worker, API, operator and services hold."""
