@@ -289,3 +289,38 @@ async def test_checkpoints_are_the_tenant_s_bounded_and_pruned(store: RunStore) 
     with pytest.raises(ValidationError):
         await store.list_graph_checkpoints("acme", thread, limit=10_001)
     assert len(await store.list_graph_checkpoints("acme", thread)) == 5
+
+
+# -- the example ------------------------------------------------------------------------
+
+
+async def test_the_example_agent_counts_asks_and_publishes(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/langgraph_agent.py against the scripted model: a tool call,
+    then `publish`, whose interrupt parks the run until it is approved."""
+    from examples import langgraph_agent
+
+    monkeypatch.setenv("RUNLEASE_OPENAI_BASE_URL", fake.base_url)
+    fake.script(
+        Reply(tool_calls=[ToolCall("c1", "word_count", {"text": "ship it now"})]),
+        Reply(tool_calls=[ToolCall("c2", "publish", {"title": "Word count", "body": "3"})]),
+        Reply(content="Published the count: 3."),
+    )
+    queued = await live_store.enqueue("default", "acme", {"messages": [
+        {"role": "user", "content": "count the words of 'ship it now' and publish it"}]})
+    async with running_worker(db_url, adapter.adapt(langgraph_agent.graph)):
+        async def parked() -> bool:
+            return await status_is(live_store, queued.run.id, "waiting")
+        await until(parked, what="the run to wait for the approval")
+        (asked,) = await live_store.input_requests(queued.run.id)
+        assert asked.prompt == "Publish 'Word count'?\n\n3"
+        assert await live_store.give_input(queued.run.id, asked.name, True)
+        run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    assert run.result_json is not None
+    assert run.result_json["output"] == "Published the count: 3."
+    tools = [m["content"] for m in run.result_json["messages"] if m["type"] == "tool"]
+    assert tools == ["3", "published 'Word count'"]
+    # The model was asked three times, not again after the wait.
+    assert len(fake.requests) == 3

@@ -32,7 +32,8 @@ def _record(state: State, name: str) -> None:
 
 
 async def _wait_for(path: str) -> None:
-    while not Path(path).exists():
+    # A file another process makes: polled (no event to wait on), in a thread.
+    while not await asyncio.to_thread(os.path.exists, path):  # noqa: ASYNC110
         await asyncio.sleep(0.05)
 
 
