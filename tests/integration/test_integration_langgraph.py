@@ -17,7 +17,7 @@ from runlease.clock import ManualClock
 from runlease.db.checkpoints import MAX_CHECKPOINT_BYTES
 from runlease.db.connect import make_conn_pool
 from runlease.db.models import Lease
-from runlease.db.store import RunStore
+from runlease.db.store import NewRun, RunStore
 from runlease.errors import LeaseLost, ValidationError
 from runlease.integrations import langgraph as adapter
 from tests.integration.test_worker import finished
@@ -146,6 +146,53 @@ async def test_a_message_sent_while_the_graph_runs_starts_one_more_pass(
         ("human", "hello"), ("ai", "First answer."), ("human", "answer in French"),
         ("ai", "Noted: in French.")]
     assert len(fake.requests) == 2
+
+
+async def test_a_thread_s_runs_continue_one_graph_state(live_store: RunStore, db_url: str,
+                                                       tmp_path: Path) -> None:
+    """Runs of one runlease thread share the graph's thread: the second run
+    starts from the state the first left (its `done` list grows on)."""
+    log = tmp_path / "log"
+    ids = []
+    for _ in range(2):
+        async with live_store.connection() as conn, conn.transaction():
+            out = await live_store.submit_to_thread(
+                "default", NewRun("acme", {"input": {"log": str(log)}}), "chat-7", conn=conn)
+        ids.append(out.result.run.id)
+    async with running_worker(db_url, adapter.adapt(graphs.two_nodes)):
+        first, second = [await finished(live_store, i) for i in ids]
+    assert (first.status, second.status) == ("done", "done"), second.error_message
+    assert first.result_json is not None
+    assert second.result_json is not None
+    assert first.result_json["values"]["done"] == ["first", "second"]
+    assert second.result_json["values"]["done"] == ["first", "second", "first", "second"]
+    assert second.result_json["thread_id"] == "chat-7"
+    # Another tenant's thread of the same name is another graph thread.
+    assert await live_store.get_graph_checkpoint("other", "chat-7", "") is None
+
+
+async def test_model_turns_count_against_the_budget(live_store: RunStore, db_url: str,
+                                                    fake: FakeOpenAI, tmp_path: Path) -> None:
+    fake.script(Reply(tool_calls=[ToolCall("call_add", "add", {"a": 1, "b": 1})]),
+                Reply(content="two"))
+    queued = await live_store.enqueue("default", "acme", {
+        "messages": [{"role": "user", "content": "1+1"}]}, budget={"max_turns": 1})
+    async with running_worker(db_url, adapter.adapt(graphs.chat)):
+        run = await finished(live_store, queued.run.id)
+    assert (run.status, run.error_code) == ("dead", "budget_exceeded")
+    assert len(fake.requests) == 1
+    assert lines(tmp_path / "tools.log") == ["add 1 1"]
+
+
+@pytest.mark.parametrize("limit", [0, 10**9, "25", True])
+async def test_a_hostile_recursion_limit_ends_the_run(live_store: RunStore, db_url: str,
+                                                      tmp_path: Path, limit: Any) -> None:
+    queued = await live_store.enqueue("default", "acme", {
+        "input": {"log": str(tmp_path / "log")}, "recursion_limit": limit})
+    async with running_worker(db_url, adapter.adapt(graphs.two_nodes)):
+        run = await finished(live_store, queued.run.id)
+    assert (run.status, run.error_code) == ("dead", "invalid_input")
+    assert lines(tmp_path / "log") == []
 
 
 # -- durability: kill -9, cancel, interrupt ------------------------------------------
