@@ -18,10 +18,13 @@ secrets out of its own os.environ at start).
 
 from __future__ import annotations
 
+from typing import Any
+
 from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
+from pydantic import SecretStr
 
 from runlease.worker.toolenv import worker_environ
 
@@ -43,17 +46,26 @@ def publish(title: str, body: str) -> str:
 TOOLS = [word_count, publish]
 
 
-async def model(state: MessagesState) -> dict[str, list[object]]:
-    from langchain_openai import ChatOpenAI  # the model's package, for this example only
+_chat: list[object] = []  # the model, made on first use and kept: a client is costly
 
-    env = worker_environ()
-    chat = ChatOpenAI(
-        base_url=env.get("RUNLEASE_OPENAI_BASE_URL", "https://api.openai.com/v1"),
-        model=env.get("RUNLEASE_OPENAI_MODEL", "gpt-4o-mini"),
-        api_key=env.get("RUNLEASE_OPENAI_API_KEY") or env.get("OPENAI_API_KEY") or "unset",
-        stream_usage=True,
-    ).bind_tools(TOOLS)
-    return {"messages": [await chat.ainvoke(state["messages"])]}
+
+def chat_model() -> Any:
+    if not _chat:
+        from langchain_openai import ChatOpenAI  # the model's package, for this example only
+
+        env = worker_environ()
+        key = env.get("RUNLEASE_OPENAI_API_KEY") or env.get("OPENAI_API_KEY") or "none"
+        _chat.append(ChatOpenAI(
+            base_url=env.get("RUNLEASE_OPENAI_BASE_URL", "https://api.openai.com/v1"),
+            model=env.get("RUNLEASE_OPENAI_MODEL", "gpt-4o-mini"),
+            api_key=SecretStr(key),  # "none": a local server that wants no key
+            stream_usage=True,
+        ).bind_tools(TOOLS))
+    return _chat[0]
+
+
+async def model(state: MessagesState) -> dict[str, list[Any]]:
+    return {"messages": [await chat_model().ainvoke(state["messages"])]}
 
 
 builder = StateGraph(MessagesState)

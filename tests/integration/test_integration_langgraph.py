@@ -224,6 +224,61 @@ async def test_a_killed_worker_s_run_resumes_after_the_committed_node(
     assert done.result_json["values"]["done"] == ["first", "second"]
 
 
+async def test_a_killed_worker_s_run_calls_no_committed_model_request_or_tool_again(
+    db_url: str, workers: Any, fake: FakeOpenAI, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model asked for `add` (done, its result committed), then for
+    `shout`; the worker dies inside `shout`. The next worker neither asks the
+    model its first two questions again nor calls `add` again: it runs
+    `shout` (unfinished), then asks the model for its final answer."""
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("LANGGRAPH_TEST_GATE", str(gate))
+    fake.script(
+        Reply(tool_calls=[ToolCall("call_add", "add", {"a": 2, "b": 3})]),
+        Reply(tool_calls=[ToolCall("call_shout", "shout", {"text": "five"})]),
+        Reply(content="FIVE!"),
+    )
+    tools_log = tmp_path / "tools.log"
+    async with make_conn_pool(db_url, max_size=4) as pool:
+        store = RunStore(pool)
+        first = workers("w1", "chat")
+        run = (await store.enqueue("default", "acme", {
+            "messages": [{"role": "user", "content": "add, then shout"}]})).run
+
+        async def in_shout() -> bool:
+            return "shout-started five" in lines(tools_log)
+        await until(in_shout, what="the second tool to start", timeout_s=30)
+        first.kill9()
+        gate.touch()
+        workers("w2", "chat")
+        done = await finished(store, run.id, timeout_s=60)
+        calls = [e.data["id"] for e in await store.events_after(run.id)
+                 if e.kind == "tool.call"]
+    assert (done.status, done.attempts) == ("done", 2), done.error_message
+    assert done.result_json is not None
+    assert done.result_json["output"] == "FIVE!"
+    assert lines(tools_log) == ["add 2 3", "shout-started five", "shout-started five",
+                                "shout five"]
+    assert len(fake.requests) == 3
+    assert calls == ["call_add", "call_shout", "call_shout"]
+
+
+async def test_a_stop_ends_a_model_stream_at_once(live_store: RunStore, db_url: str,
+                                                  fake: FakeOpenAI) -> None:
+    fake.script(Reply(content="a very slow answer " * 50, chunk_chars=1, delay_s=0.2))
+    queued = await live_store.enqueue("default", "acme", {
+        "messages": [{"role": "user", "content": "talk slowly"}]})
+    async with running_worker(db_url, adapter.adapt(graphs.chat), cancel_grace_s=120):
+        async def streaming() -> bool:
+            return "message.delta" in await kinds(live_store, queued.run.id)
+        await until(streaming, what="the model's stream to start")
+        await live_store.request_cancel(queued.run.id)
+        run = await finished(live_store, queued.run.id, timeout_s=20)
+    assert run.status == "cancelled"
+    assert len(fake.requests) == 1
+
+
 async def test_a_stop_ends_a_slow_node_at_once(live_store: RunStore, db_url: str,
                                                tmp_path: Path) -> None:
     """The worker's grace is long (120 s): only the adapter's own watch on

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import os
+import time
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -96,17 +97,37 @@ def add(a: int, b: int) -> int:
 @tool
 def shout(text: str) -> str:
     """Say it louder."""
+    gate = os.environ.get("LANGGRAPH_TEST_GATE")
+    if gate:  # a sync tool runs in a thread of its own: it may block
+        _tool_log(f"shout-started {text}")
+        while not Path(gate).exists():
+            time.sleep(0.05)
     _tool_log(f"shout {text}")
     return text.upper() + "!"
 
 
-async def model(state: MessagesState) -> dict[str, list[BaseMessage]]:
-    from langchain_openai import ChatOpenAI
+_models: dict[str, Any] = {}
 
-    chat = ChatOpenAI(model="scripted", api_key="sk-test-not-a-secret",  # type: ignore[arg-type]
-                      base_url=os.environ["LANGGRAPH_TEST_OPENAI_URL"], max_retries=0,
-                      stream_usage=True).bind_tools([add, shout])
-    reply = await chat.ainvoke(state["messages"])
+
+def _model(url: str) -> Any:
+    """The model for the scripted server at `url`, made once: importing
+    langchain_openai and making a client blocks the event loop for seconds
+    on a busy machine, longer than the tests' 2 s leases."""
+    if url not in _models:
+        from langchain_openai import ChatOpenAI
+
+        _models[url] = ChatOpenAI(model="scripted", api_key="sk-test-not-a-secret",  # type: ignore[arg-type]
+                                  base_url=url, max_retries=0,
+                                  stream_usage=True).bind_tools([add, shout])
+    return _models[url]
+
+
+if "LANGGRAPH_TEST_OPENAI_URL" in os.environ:  # a worker process: made before any claim
+    _model(os.environ["LANGGRAPH_TEST_OPENAI_URL"])
+
+
+async def model(state: MessagesState) -> dict[str, list[BaseMessage]]:
+    reply = await _model(os.environ["LANGGRAPH_TEST_OPENAI_URL"]).ainvoke(state["messages"])
     assert isinstance(reply, AIMessage)
     return {"messages": [reply]}
 
