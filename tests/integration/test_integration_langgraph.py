@@ -36,6 +36,10 @@ def lines(path: Path) -> list[str]:
     return path.read_text().split("\n")[:-1] if path.exists() else []
 
 
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
 async def kinds(store: RunStore, run_id: UUID) -> list[str]:
     return [e.kind for e in await store.events_after(run_id)]
 
@@ -293,6 +297,28 @@ async def test_a_stop_ends_a_slow_node_at_once(live_store: RunStore, db_url: str
         run = await finished(live_store, queued.run.id, timeout_s=20)
     assert run.status == "cancelled"
     assert lines(log) == ["first", "slow-started"]
+
+
+async def test_a_stop_ends_a_node_s_tool_process(live_store: RunStore, db_url: str,
+                                                 tmp_path: Path) -> None:
+    """A node runs a process through run_context().run_tool: the Stop ends
+    the graph and the process (its group), and the run is cancelled."""
+    log, pidfile = tmp_path / "log", tmp_path / "pid"
+    queued = await live_store.enqueue("default", "acme", {"input": {"log": str(log)}})
+    async with running_worker(db_url, adapter.adapt(graphs.process_graph), cancel_grace_s=120,
+                              **HOST_FILES):
+        async def started() -> bool:
+            return pidfile.exists() and pidfile.read_text().strip() != ""
+        await until(started, what="the tool process to start")
+        pid = int(pidfile.read_text())
+        await live_store.request_cancel(queued.run.id)
+        run = await finished(live_store, queued.run.id, timeout_s=20)
+
+        async def gone() -> bool:
+            return not alive(pid)
+        await until(gone, what="the tool process to end")
+    assert run.status == "cancelled"
+    assert lines(log) == ["first", "process-started"]
 
 
 async def test_an_interrupt_parks_the_run_and_the_answer_resumes_it(

@@ -58,6 +58,17 @@ async def slow(state: State) -> dict[str, Any]:
     return {"done": ["slow"]}
 
 
+async def process(state: State) -> dict[str, Any]:
+    """A tool process through the run's context: a Stop ends its group."""
+    from runlease.integrations.langgraph import run_context
+
+    _record(state, "process-started")
+    pidfile = Path(state["log"]).with_name("pid")
+    await run_context().run_tool(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 600"])
+    _record(state, "process-finished")
+    return {"done": ["process"]}
+
+
 async def ask(state: State) -> dict[str, Any]:
     _record(state, "ask")
     answer = interrupt({"prompt": "Ship it?", "schema": {"type": "boolean"}})
@@ -78,6 +89,7 @@ def _two(name_a: str, a: Any, name_b: str, b: Any) -> Any:
 two_nodes = _two("first", first, "second", second)
 slow_graph = _two("first", first, "slow", slow)
 approval = _two("first", first, "ask", ask)
+process_graph = _two("first", first, "process", process)
 
 
 # A model and two tools: ChatOpenAI against the scripted server whose URL is

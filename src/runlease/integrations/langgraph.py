@@ -31,11 +31,16 @@ has a `messages` channel, those waiting when the run starts join its input,
 and those that came while the graph ran start one more pass of the graph
 with them as user messages, until none is waiting; for other graphs they
 stay in the inbox.
+
+Inside a node or a tool, `run_context()` is the run's RunContext: a process
+started with `run_context().run_tool(argv)` is ended with its group by a Stop
+(a sync function runs in a thread, which a Stop cannot end).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -67,6 +72,16 @@ EVENT_TEXT_CHARS = 8192  # as the OpenAI agent: events stay well inside their bo
 RESULT_MESSAGES = 50
 MAX_RECURSION_LIMIT = 1000
 TAKES_KEY = "runlease_takes"  # checkpoint metadata: the message takes fed so far
+
+_current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("runlease_run_context")
+
+
+def run_context() -> RunContext:
+    """The RunContext of the run whose graph calls this (from a node or a
+    tool): `run_context().run_tool([...])` runs a process that a Stop ends
+    with its whole group, `run_context().step(key, fn)` is a durable step.
+    LookupError outside a run."""
+    return _current.get()
 
 
 class RunleaseSaver(BaseCheckpointSaver[int]):
@@ -290,6 +305,7 @@ class GraphRun:
         return await self.ctx.take_messages()
 
     async def run(self) -> dict[str, Any]:
+        _current.set(self.ctx)  # the agent's own task: its context dies with it
         latest = await self.saver.latest(self.thread)
         pending: Any
         if latest is not None and latest.run_id == self.ctx.run_id:
