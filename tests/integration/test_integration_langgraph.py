@@ -86,10 +86,10 @@ async def test_a_two_node_graph_runs_to_its_result(live_store: RunStore, db_url:
     assert run.result_json["values"]["done"] == ["first", "second"]
     assert run.result_json["thread_id"] == str(run.id)
     # Its checkpoints are the run's, in its tenant.
-    latest = await live_store.get_graph_checkpoint("acme", str(run.id), "")
+    latest = await live_store.get_graph_checkpoint("acme", f"run:{run.id}", "")
     assert latest is not None
     assert (latest.run_id, latest.checkpoint_id) == (run.id, run.result_json["checkpoint_id"])
-    assert await live_store.get_graph_checkpoint("other", str(run.id), "") is None
+    assert await live_store.get_graph_checkpoint("other", f"run:{run.id}", "") is None
 
 
 async def test_a_model_with_two_tools_streams_its_tokens_and_tool_events(
@@ -172,7 +172,8 @@ async def test_a_thread_s_runs_continue_one_graph_state(live_store: RunStore, db
     assert second.result_json["values"]["done"] == ["first", "second", "first", "second"]
     assert second.result_json["thread_id"] == "chat-7"
     # Another tenant's thread of the same name is another graph thread.
-    assert await live_store.get_graph_checkpoint("other", "chat-7", "") is None
+    assert await live_store.get_graph_checkpoint("acme", "thread:chat-7", "") is not None
+    assert await live_store.get_graph_checkpoint("other", "thread:chat-7", "") is None
 
 
 async def test_model_turns_count_against_the_budget(live_store: RunStore, db_url: str,

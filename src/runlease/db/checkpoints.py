@@ -26,7 +26,7 @@ MAX_WRITES = 1000  # in one put_writes, and read back for a checkpoint
 MAX_METADATA_BYTES = 64 * 1024
 MAX_LIST = 1000
 KEEP_PER_RUN = 16  # a run's newest checkpoints kept, per thread and namespace
-MAX_THREAD_CHARS = 128
+MAX_THREAD_CHARS = 160  # 'thread:' and a thread's id
 MAX_NS_CHARS = 512
 MAX_ID_CHARS = 64
 

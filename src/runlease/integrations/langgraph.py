@@ -93,15 +93,26 @@ class RunleaseSaver(BaseCheckpointSaver[int]):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__()
         self._ctx = ctx
-        self.threads = frozenset({str(ctx.run_id), *([ctx.thread_id] if ctx.thread_id else [])})
+        # The graph's thread_id -> the key its checkpoints are stored under:
+        # "run:" or "thread:" before the id, so a runlease thread named like
+        # a run's id is still another graph thread.
+        self.keys = {str(ctx.run_id): f"run:{ctx.run_id}"}
+        if ctx.thread_id:
+            self.keys[ctx.thread_id] = f"thread:{ctx.thread_id}"
 
     def _where(self, config: RunnableConfig) -> tuple[str, str]:
+        """(the stored thread key, the namespace) of a config of the run's own."""
         configurable = config.get("configurable") or {}
-        thread = configurable.get("thread_id")
-        if thread not in self.threads:
+        key = self.keys.get(str(configurable.get("thread_id")))
+        if key is None:
             raise FatalError("a graph of this run may use only its own threads "
-                             f"({', '.join(sorted(self.threads))})", code="graph_thread_refused")
-        return str(thread), str(configurable.get("checkpoint_ns") or "")
+                             f"({', '.join(sorted(self.keys))})", code="graph_thread_refused")
+        return key, str(configurable.get("checkpoint_ns") or "")
+
+    def _config(self, key: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+        thread = next(t for t, k in self.keys.items() if k == key)
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
+                                 "checkpoint_id": checkpoint_id}}
 
     async def _io(self, op: Callable[[], Awaitable[Any]]) -> Any:
         # Through the context's fenced writer: database trouble is ridden out,
@@ -115,23 +126,20 @@ class RunleaseSaver(BaseCheckpointSaver[int]):
         ctx = self._ctx
         writes = await self._io(lambda: ctx.store.get_graph_writes(
             ctx.tenant_id, thread, row.ns, row.checkpoint_id))
-        parent: RunnableConfig | None = None
-        if row.parent_id:
-            parent = {"configurable": {"thread_id": thread, "checkpoint_ns": row.ns,
-                                       "checkpoint_id": row.parent_id}}
         return CheckpointTuple(
-            config={"configurable": {"thread_id": thread, "checkpoint_ns": row.ns,
-                                     "checkpoint_id": row.checkpoint_id}},
+            config=self._config(thread, row.ns, row.checkpoint_id),
             checkpoint=self.serde.loads_typed((row.type, row.data)),
             metadata=row.metadata,  # type: ignore[arg-type]
-            parent_config=parent,
+            parent_config=self._config(thread, row.ns, row.parent_id) if row.parent_id else None,
             pending_writes=[(w.task_id, w.channel, self.serde.loads_typed((w.type, w.value)))
                             for w in writes])
 
-    async def latest(self, thread: str, ns: str = "") -> StoredCheckpoint | None:
+    async def latest(self, thread: str) -> StoredCheckpoint | None:
+        """The newest checkpoint of one of the run's graph threads."""
+        key, ns = self._where({"configurable": {"thread_id": thread}})
         ctx = self._ctx
         row: StoredCheckpoint | None = await self._io(
-            lambda: ctx.store.get_graph_checkpoint(ctx.tenant_id, thread, ns))
+            lambda: ctx.store.get_graph_checkpoint(ctx.tenant_id, key, ns))
         return row
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -171,8 +179,7 @@ class RunleaseSaver(BaseCheckpointSaver[int]):
         await self._io(lambda: ctx.store.put_graph_checkpoint(
             ctx.lease, thread=thread, ns=ns, checkpoint_id=checkpoint["id"], parent_id=parent,
             type_=type_, data=data, metadata=meta))
-        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns,
-                                 "checkpoint_id": checkpoint["id"]}}
+        return self._config(thread, ns, checkpoint["id"])
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:

@@ -1,9 +1,9 @@
 -- 0021: LangGraph checkpoints (issue 30), written by runlease's checkpoint
 -- saver (runlease.integrations.langgraph) for the run that holds the lease.
 --
--- A checkpoint belongs to a graph thread of a tenant: the run's id, or the
--- runlease thread the run belongs to (so a conversation continues across
--- the thread's runs). Each row also names the run that wrote it, and goes
+-- A checkpoint belongs to a graph thread of a tenant, its thread_key:
+-- 'run:<the run's id>', or 'thread:<id>' of the runlease thread the run
+-- belongs to (so a conversation continues across the thread's runs). Each row also names the run that wrote it, and goes
 -- with that run (retention's cascade). A checkpoint holds its channel values
 -- whole (no blobs shared between checkpoints), so deleting an old run's
 -- checkpoints never takes a value that a newer checkpoint still reads.
@@ -11,7 +11,7 @@
 -- (sql/checkpoints.sql): a stale attempt never writes a checkpoint.
 CREATE TABLE agent_run_graph_checkpoints (
     tenant_id     text        NOT NULL,
-    thread_key    text        NOT NULL CHECK (length(thread_key) BETWEEN 1 AND 128),
+    thread_key    text        NOT NULL CHECK (length(thread_key) BETWEEN 1 AND 160),
     checkpoint_ns text        NOT NULL CHECK (length(checkpoint_ns) <= 512),
     checkpoint_id text        NOT NULL CHECK (length(checkpoint_id) BETWEEN 1 AND 64),
     parent_id     text        CHECK (length(parent_id) BETWEEN 1 AND 64),
@@ -33,7 +33,7 @@ CREATE INDEX agent_run_graph_checkpoints_run_idx
 -- a task that finished is not run again when the step is resumed.
 CREATE TABLE agent_run_graph_writes (
     tenant_id     text        NOT NULL,
-    thread_key    text        NOT NULL CHECK (length(thread_key) BETWEEN 1 AND 128),
+    thread_key    text        NOT NULL CHECK (length(thread_key) BETWEEN 1 AND 160),
     checkpoint_ns text        NOT NULL CHECK (length(checkpoint_ns) <= 512),
     checkpoint_id text        NOT NULL CHECK (length(checkpoint_id) BETWEEN 1 AND 64),
     task_id       text        NOT NULL CHECK (length(task_id) BETWEEN 1 AND 128),
