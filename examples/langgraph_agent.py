@@ -11,9 +11,11 @@ worker slot, until someone answers `true` or `false` (POST /v1/runs/{id}/input,
 `runlease runs input`, the console's Approve/Deny). Kill the worker at any point:
 the run resumes from its last checkpoint on another worker.
 
-Any OpenAI-compatible endpoint serves: the settings are the built-in OpenAI
-agent's, read from the environment the worker started with (the worker takes
-secrets out of its own os.environ at start).
+Any OpenAI-compatible endpoint serves: RUNLEASE_OPENAI_BASE_URL (else
+OPENAI_BASE_URL, which `runlease dev --agent` sets to its scripted model when
+no model is configured), RUNLEASE_OPENAI_MODEL, RUNLEASE_OPENAI_API_KEY or
+OPENAI_API_KEY, read from the environment the worker started with (the
+worker takes secrets out of its own os.environ at start).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def chat_model() -> Any:
         env = worker_environ()
         key = env.get("RUNLEASE_OPENAI_API_KEY") or env.get("OPENAI_API_KEY") or "none"
         _chat.append(ChatOpenAI(
-            base_url=env.get("RUNLEASE_OPENAI_BASE_URL", "https://api.openai.com/v1"),
+            base_url=env.get("RUNLEASE_OPENAI_BASE_URL") or env.get("OPENAI_BASE_URL")
+            or "https://api.openai.com/v1",
             model=env.get("RUNLEASE_OPENAI_MODEL", "gpt-4o-mini"),
             api_key=SecretStr(key),  # "none": a local server that wants no key
             stream_usage=True,

@@ -430,7 +430,9 @@ async def test_the_example_agent_counts_asks_and_publishes(
     then `publish`, whose interrupt parks the run until it is approved."""
     from examples import langgraph_agent
 
-    monkeypatch.setenv("RUNLEASE_OPENAI_BASE_URL", fake.base_url)
+    # OPENAI_BASE_URL: what `runlease dev --agent` sets for its scripted model.
+    monkeypatch.delenv("RUNLEASE_OPENAI_BASE_URL", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
     fake.script(
         Reply(tool_calls=[ToolCall("c1", "word_count", {"text": "ship it now"})]),
         Reply(tool_calls=[ToolCall("c2", "publish", {"title": "Word count", "body": "3"})]),
