@@ -356,6 +356,28 @@ async def test_an_interrupt_parks_the_run_and_the_answer_resumes_it(
     assert done.result_json["values"]["answer"] is True
 
 
+async def test_an_interrupt_in_a_subgraph_parks_and_resumes(live_store: RunStore, db_url: str,
+                                                            tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    queued = await live_store.enqueue("default", "acme", {"input": {"log": str(log)}})
+    async with running_worker(db_url, adapter.adapt(graphs.nested)):
+        async def parked() -> bool:
+            return await status_is(live_store, queued.run.id, "waiting")
+        await until(parked, what="the run to wait for its approval")
+        (asked,) = await live_store.input_requests(queued.run.id)
+        assert await live_store.give_input(queued.run.id, asked.name, False)
+        run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    assert lines(log) == ["first", "first", "ask", "ask", "answered-False"]
+    assert run.result_json is not None
+    assert run.result_json["values"]["answer"] is False
+    async with live_store.connection() as c:
+        spaces = await (await c.execute(
+            "SELECT DISTINCT checkpoint_ns <> '' AS nested FROM agent_run_graph_checkpoints "
+            "WHERE run_id = %s ORDER BY 1", (run.id,))).fetchall()
+    assert [r["nested"] for r in spaces] == [False, True]
+
+
 # -- the checkpoint store: fenced, tenant-scoped, bounded ------------------------------
 
 

@@ -90,6 +90,9 @@ two_nodes = _two("first", first, "second", second)
 slow_graph = _two("first", first, "slow", slow)
 approval = _two("first", first, "ask", ask)
 process_graph = _two("first", first, "process", process)
+# A graph whose second node is a subgraph that asks: its checkpoints are in a
+# namespace of their own.
+nested = _two("first", first, "inner", _two("inner_first", first, "ask", ask))
 
 
 # A model and two tools: ChatOpenAI against the scripted server whose URL is
