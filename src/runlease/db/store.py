@@ -26,6 +26,7 @@ each concern, each beside its statements in `sql/`:
     singletons.py singletons and debounce       (singletons.sql)
     keyed.py      a submit with any of the four, on every path (one lock order)
     webhooks.py   completion webhooks           (webhooks.sql)
+    checkpoints.py LangGraph checkpoints, fenced (checkpoints.sql)
 
 Every method validates its input first (nothing is written on bad input),
 runs one statement from `sql/`, and translates psycopg errors into runlease's
@@ -36,6 +37,7 @@ the fence matches zero rows.
 from __future__ import annotations
 
 from runlease.db.bulk import BulkStore
+from runlease.db.checkpoints import CheckpointStore
 from runlease.db.children import ChildStore
 from runlease.db.console import ConsoleStore
 from runlease.db.enqueue_batch import BatchEnqueued, BatchStore
@@ -74,5 +76,5 @@ __all__ = [
 class RunStore(RerunStore, BulkStore, ScheduleStore, ChildStore,
                BatchStore, QueueStore, SearchStore, LeaseStore, EventStore, PoolStore,
                LeaderStore, StatsStore, WorkerStore, UsageStore, RateStore, WebhookStore,
-               ConsoleStore):
+               ConsoleStore, CheckpointStore):
     """Every store in one: what the worker, API, operator and services hold."""
