@@ -107,6 +107,39 @@ async def test_a_two_tool_run_end_to_end(
     assert not [s for s in stored if API_KEY in s]
 
 
+@pytest.mark.parametrize(("status", "code", "outcome"),
+                         [(500, "model_unavailable", "done"), (400, "model_rejected", "dead")])
+async def test_a_failed_request_is_retried_from_the_committed_steps(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, tool_log: Path, status: int,
+    code: str, outcome: str,
+) -> None:
+    """A 5xx ends the attempt retryable; the next attempt replays the first
+    request and the tool call, and asks only the failed request again. A 4xx
+    is dead at once."""
+    fake.script(
+        Reply(tool_calls=[ToolCall("c1", "lookup", {"city": "Oslo"})]),
+        Reply(status=status, error="the model is overloaded", echo_key=True),
+        Reply(content="Done."),
+    )
+    queued = await live_store.enqueue("default", "acme", {"input": "go"}, max_attempts=3)
+    async with running_worker(db_url, agent()):
+        run = await finished(live_store, queued.run.id, timeout_s=30)
+    assert run.status == outcome, run.error_message
+    assert lines(tool_log) == ["lookup Oslo"]
+    if outcome == "dead":
+        assert (run.attempts, run.error_code) == (1, code)
+        assert f"HTTP {status}" in (run.error_message or "")
+        assert API_KEY not in (run.error_message or "")
+        assert "[REDACTED]" in (run.error_message or "")
+        return
+    assert run.attempts == 2
+    assert len(fake.requests) == 3
+    assert fake.requests[2].body["messages"] == fake.requests[1].body["messages"]
+    steps = await live_store.get_steps(run.id)
+    assert (steps["model-1"].attempt, steps["tool-1-c1"].attempt,
+            steps["model-2"].attempt) == (1, 1, 2)
+
+
 async def test_a_max_turns_budget_ends_the_run(
     live_store: RunStore, db_url: str, fake: FakeOpenAI, tool_log: Path
 ) -> None:

@@ -142,17 +142,25 @@ class Flow:
             return n, await self._take(int(stored.get("inbox", self.taken)) - self.taken), stored
         return n, await self._take(None), None
 
-    async def model_step(self, n: int, request: Callable[[], Awaitable[dict[str, Any]]]
+    async def model_step(self, n: int, request: Callable[[], Awaitable[dict[str, Any]]],
+                         failure: Callable[[Exception], Exception | None] | None = None,
                          ) -> dict[str, Any]:
         """Request n as a durable step: `request` streams and returns the
-        response as JSON; the step keeps it with the inbox count."""
+        response as JSON; the step keeps it with the inbox count. `failure`
+        maps the library's own errors (else the openai package's are mapped:
+        retryable model_unavailable, fatal model_rejected), key scrubbed."""
         async def body() -> dict[str, Any]:
             try:
                 response = await self.ctx.http.race(request())
-            except openai.OpenAIError as exc:
+            except Exception as exc:
                 if self.ctx.cancelled:
                     raise RunCancelled("the run was cancelled during a model call") from None
-                raise outcome(exc, self.secrets) from None
+                mapped = failure(exc) if failure is not None else None
+                if mapped is not None:
+                    raise mapped from None
+                if isinstance(exc, openai.OpenAIError):
+                    raise outcome(exc, self.secrets) from None
+                raise
             return {**self.secrets.scrub_json(response), "inbox": self.taken}
         return await self.ctx.step(f"model-{n}", body)
 

@@ -48,12 +48,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 try:
     from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, ToolDenied
     from pydantic_ai.capabilities import AbstractCapability
-    from pydantic_ai.exceptions import UnexpectedModelBehavior, UsageLimitExceeded
+    from pydantic_ai.exceptions import (
+        ModelAPIError,
+        ModelQuotaExceededError,
+        ModelRequestRejectedError,
+        UnexpectedModelBehavior,
+        UsageLimitExceeded,
+    )
     from pydantic_ai.messages import (
         ModelMessage,
         ModelMessagesTypeAdapter,
@@ -74,6 +81,8 @@ try:
 except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError("PydanticAI is not installed: pip install 'runlease[pydantic-ai]'") from None
 
+from runlease.agents.openai.failures import REJECTED, UNAVAILABLE
+from runlease.agents.openai.scrub import Secrets
 from runlease.integrations.durable import Flow, ModelEnv, call_key, jsonable, texts
 from runlease.worker import FatalError, RetryableError, RunContext
 
@@ -188,6 +197,21 @@ def _prompt(verb: str, call: ToolCallPart) -> str:
     return f"{verb} the tool {call.tool_name}({call.args_as_json_str()[:2000]})?"
 
 
+def _failure(secrets: Secrets, exc: Exception) -> Exception | None:
+    """PydanticAI's model errors as the worker's outcomes: what a later
+    attempt may get past (429, 5xx, a broken connection) is retryable, a
+    refusal is fatal; the key scrubbed from the message (it may be quoted)."""
+    if not isinstance(exc, ModelAPIError):
+        return None
+    status = getattr(exc, "status_code", None)
+    shown = f"HTTP {status}: " if isinstance(status, int) else ""
+    message = secrets.scrub(f"model API answered {shown}{type(exc).__name__}: {exc}")[:1000]
+    if isinstance(exc, ModelRequestRejectedError | ModelQuotaExceededError) or (
+            isinstance(status, int) and 400 <= status < 500 and status != 429):
+        return FatalError(message, code=REJECTED)
+    return RetryableError(message, code=UNAVAILABLE, retry_after_s=exc.retry_after)
+
+
 class DurableTools(AbstractCapability[Any]):
     """Every tool execution of the run as a durable step."""
 
@@ -231,7 +255,7 @@ class DurableModel(WrapperModel):
             return {"response": dumped[0]}
 
         if stored is None:
-            stored = await flow.model_step(n, request)
+            stored = await flow.model_step(n, request, partial(_failure, flow.secrets))
         response = ModelMessagesTypeAdapter.validate_python([stored["response"]])[0]
         assert isinstance(response, ModelResponse)
         for part in response.parts:
