@@ -107,7 +107,7 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="Port of the API (0: any free one).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64),
-              help="Worker processes (script agent, or RUNLEASE_AGENT).")
+              help="Worker processes (the script agent, or --agent).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
               help="Slots per worker.")
 @click.option("--token", "tokens", multiple=True, metavar="TENANT=TOKEN",
@@ -121,9 +121,14 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--demo", is_flag=True,
               help="Submit demo runs for three tenants and show them live; the stack "
                    "keeps serving (web console at /ui/) until Ctrl-C.")
+@click.option("--agent", metavar="MODULE:AGENT",
+              help="The workers' agent instead of the script agent: an async function, or "
+                   "an agent of the OpenAI Agents SDK, PydanticAI or LangGraph, imported "
+                   "from this folder. With no model configured (OPENAI_BASE_URL, "
+                   "OPENAI_API_KEY or their RUNLEASE_OPENAI_ forms) a scripted model answers.")
 def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers: int,
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
-        demo: bool) -> None:
+        demo: bool, agent: str | None) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
     from runlease.api.auth import ADMIN, TokenRegistry, parse_token_pairs
     from runlease.dev import DevOptions, run_dev, seal_tokens
@@ -135,6 +140,15 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
             raise click.UsageError(
                 f"{option} on the command line is readable by every process of this "
                 f"machine (/proc/<pid>/cmdline), tools included: set {env} instead")
+    if agent is not None and demo:
+        raise click.UsageError("--demo submits runs for the script agent: it cannot be "
+                               "combined with --agent")
+    if agent is not None:
+        from runlease.settings.worker import load_agent
+        try:  # refused now, naming the problem, not in every worker's log
+            load_agent(agent, ".")
+        except RunleaseError as exc:
+            raise click.BadParameter(str(exc), param_hint="--agent") from None
     seal_tokens()
     try:
         tenant_tokens = dict(parse_token_pairs(tokens))
@@ -149,7 +163,7 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
             raise click.BadParameter(str(exc), param_hint="--admin-token") from None
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
                          workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
-                         admin_token=admin_token, demo=demo)
+                         admin_token=admin_token, demo=demo, agent=agent)
     sys.exit(asyncio.run(run_dev(options, click.echo)))
 
 
