@@ -50,3 +50,15 @@ async def delete_file(path: str) -> str:
 
 
 agent = Agent(name="travel", instructions="You book trips.", tools=[lookup, book, delete_file])
+
+
+@function_tool
+async def run_command(script: str) -> str:
+    """Run a shell script on the worker (a process whose group a Stop kills)."""
+    from runlease.integrations.durable import current_run
+
+    result = await current_run().run_tool(["sh", "-c", script], timeout_s=120)
+    return result.stdout
+
+
+agent.tools.append(run_command)

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +42,21 @@ CONNECT_TIMEOUT_S = 30.0
 READ_TIMEOUT_S = 300.0
 DELTA_CHARS = 2048
 KEY_ID_CHARS = 200  # a step key stays within 255 characters
+
+
+_current: ContextVar[RunContext | None] = ContextVar("runlease_run", default=None)
+
+
+def current_run() -> RunContext:
+    """The RunContext of the run whose agent is calling (from a library
+    agent's tool): `await current_run().run_tool(["make", "test"])` runs a
+    process the worker sandboxes and whose whole group a Stop kills.
+    RuntimeError outside a run."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("current_run() is for code that a runlease worker runs "
+                           "(a library agent's tool)")
+    return ctx
 
 
 @dataclass(frozen=True)
@@ -109,6 +125,8 @@ class Flow:
 
     def __init__(self, ctx: RunContext, secrets: Secrets) -> None:
         self.ctx = ctx
+        # The run's tasks (the library's, its tools') see it as current_run().
+        _current.set(ctx)
         self.secrets = secrets
         self.requests = 0
         self.taken = 0  # messages taken by this attempt, replayed ones included
