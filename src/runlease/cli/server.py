@@ -107,7 +107,7 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="Port of the API (0: any free one).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64),
-              help="Worker processes (the script agent, or --agent).")
+              help="Worker processes (the script agent, or --agent, or RUNLEASE_AGENT).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
               help="Slots per worker.")
 @click.option("--token", "tokens", multiple=True, metavar="TENANT=TOKEN",
