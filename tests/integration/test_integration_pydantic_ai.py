@@ -233,6 +233,40 @@ async def test_a_message_reaches_the_agent_at_its_next_turn(
     assert users == [["Book Oslo"], ["Book Oslo", "a window seat, please"]]
 
 
+async def test_a_message_during_the_final_answer_gets_one_more_run(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, tool_log: Path
+) -> None:
+    fake.script(Reply(content="Booked nothing yet, " * 5, delay_s=0.1),
+                Reply(content="Noted: Bergen instead."))
+    queued = await live_store.enqueue("default", "acme", {"input": "Book Oslo"})
+    async with running_worker(db_url, agent()):
+        await until(lambda: _has_event(live_store, queued.run.id, "message.delta"),
+                    what="the answer to stream")
+        await live_store.send_message(queued.run.id, "make it Bergen")
+        run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    assert len(fake.requests) == 2
+    users = [[m["content"] for m in r.body["messages"] if m["role"] == "user"]
+             for r in fake.requests]
+    assert users == [["Book Oslo"], ["Book Oslo", "make it Bergen"]]
+    steps = await live_store.get_steps(run.id)
+    assert {"message:1", "inbox-1", "inbox-2"} <= set(steps)
+
+
+@pytest.mark.parametrize("given", [{}, {"input": 5}, {"input": ""}, {"input": ["x"]},
+                                   {"input": "hi", "max_turns": 0},
+                                   {"message_history": [{"kind": "bogus"}]}])
+async def test_bad_input_is_dead_at_once(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, given: dict[str, Any]
+) -> None:
+    queued = await live_store.enqueue("default", "acme", given, max_attempts=3)
+    async with running_worker(db_url, agent()):
+        run = await finished(live_store, queued.run.id)
+    assert (run.status, run.attempts, run.error_code) == ("dead", 1, "bad_input"), \
+        run.error_message
+    assert fake.requests == []
+
+
 # -- real worker processes -----------------------------------------------------------------
 
 

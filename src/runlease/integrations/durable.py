@@ -273,6 +273,15 @@ async def _never() -> Any:
     raise AssertionError("a committed step was asked to run again")
 
 
+def check_keys(value: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    """A run's input names only what the adapter reads (a typo is refused,
+    not ignored)."""
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise FatalError(f"input: unknown key {unknown[0][:100]!r}; this agent reads "
+                         f"{', '.join(allowed)}", code="bad_input")
+
+
 def texts(messages: list[dict[str, Any]]) -> list[str]:
     """The text of each message taken from the run's inbox."""
     return [str(m.get("text", "")) for m in messages]

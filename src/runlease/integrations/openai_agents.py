@@ -63,7 +63,14 @@ except ImportError:  # pragma: no cover - the extra is missing
                       "pip install 'runlease[openai-agents]'") from None
 from pydantic import TypeAdapter
 
-from runlease.integrations.durable import Flow, ModelEnv, call_key, jsonable, texts
+from runlease.integrations.durable import (
+    Flow,
+    ModelEnv,
+    call_key,
+    check_keys,
+    jsonable,
+    texts,
+)
 from runlease.worker import FatalError, RetryableError, RunContext
 
 __all__ = ["adapt"]
@@ -142,6 +149,7 @@ async def _approved(ctx: RunContext, item: Any) -> bool:
 
 
 def parse_input(value: dict[str, Any]) -> tuple[str | list[Any], int]:
+    check_keys(value, ("input", "messages", "max_turns"))
     given = value.get("input", value.get("messages"))
     if isinstance(given, str) and given:
         items: str | list[Any] = given

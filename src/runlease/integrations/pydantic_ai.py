@@ -83,7 +83,14 @@ except ImportError:  # pragma: no cover - the extra is missing
 
 from runlease.agents.openai.failures import REJECTED, UNAVAILABLE
 from runlease.agents.openai.scrub import Secrets
-from runlease.integrations.durable import Flow, ModelEnv, call_key, jsonable, texts
+from runlease.integrations.durable import (
+    Flow,
+    ModelEnv,
+    call_key,
+    check_keys,
+    jsonable,
+    texts,
+)
 from runlease.worker import FatalError, RetryableError, RunContext
 
 __all__ = ["adapt"]
@@ -145,6 +152,7 @@ async def run(ctx: RunContext, agent: Agent[Any, Any]) -> dict[str, Any]:
 
 
 def parse_input(value: dict[str, Any]) -> tuple[str | None, list[ModelMessage]]:
+    check_keys(value, ("input", "message_history"))
     prompt = value.get("input")
     if prompt is not None and (not isinstance(prompt, str) or not prompt):
         raise FatalError("input.input must be a non-empty string", code="bad_input")
