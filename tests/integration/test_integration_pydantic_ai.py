@@ -267,6 +267,27 @@ async def test_bad_input_is_dead_at_once(
     assert fake.requests == []
 
 
+async def test_an_agent_built_with_an_openai_model_name_uses_the_runs_endpoint(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Agent("openai-chat:<name>") makes its model (and its client) when it
+    is built: the run asks the configured endpoint, under that model's name."""
+    from pydantic_ai import Agent
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # what the import saw
+    named = Agent("openai-chat:named-model", instructions="Be brief.")
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+    fake.script(Reply(content="Hi."))
+    adapted = adapt(named, "test:named")
+    assert adapted is not None
+    queued = await live_store.enqueue("default", "acme", {"input": "hello"})
+    async with running_worker(db_url, adapted):
+        run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    assert run.result_json["output"] == "Hi."
+    assert [r.body["model"] for r in fake.requests] == ["named-model"]
+
+
 # -- real worker processes -----------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
     # myapp/agents.py
     from pydantic_ai import Agent
 
-    support_agent = Agent("openai:gpt-4o-mini", instructions="...")
+    support_agent = Agent("openai-chat:gpt-4o-mini", instructions="...")
 
     @support_agent.tool_plain
     async def lookup(order: str) -> str: ...
@@ -37,11 +37,13 @@ Not durable: what a tool does besides returning (it runs again only if the
 worker died during it), output validators and history processors (they run
 again on a replay, over the same replayed responses).
 
-The model: an agent whose model is a name (`"openai:gpt-4o"`, `"gpt-4o"`, or
-none: RUNLEASE_OPENAI_MODEL) is asked through Chat Completions at
+The model: an agent whose model is OpenAI's Chat Completions
+(`Agent("openai:gpt-4o")`, whose model PydanticAI makes when the agent is
+built), a bare name, or none (RUNLEASE_OPENAI_MODEL) is asked at
 RUNLEASE_OPENAI_BASE_URL/OPENAI_BASE_URL with RUNLEASE_OPENAI_API_KEY/
-OPENAI_API_KEY, with no retries of the client's own; a Model instance (any
-provider) is wrapped as it is. The key is scrubbed from everything stored.
+OPENAI_API_KEY through the run's client, with no retries of its own; any
+other Model instance is wrapped as it is. The key is scrubbed from
+everything stored.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ try:
         UserPromptPart,
     )
     from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
-    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
     from pydantic_ai.models.wrapper import WrapperModel
     from pydantic_ai.providers.openai import OpenAIProvider
     from pydantic_ai.settings import ModelSettings
@@ -175,14 +177,22 @@ def _has_deferred(output_type: Any) -> bool:
 
 
 def _model(model: Model | str | None, env: ModelEnv, client: Any) -> Model:
+    """The agent's model. OpenAI's models (PydanticAI makes one from
+    "openai:<name>", the Responses API, or "openai-chat:<name>", Chat
+    Completions, when the agent is built) are made again on the run's
+    client, same class, name and settings: the configured endpoint and key,
+    no retries of the client's own. A bare name, or none
+    (RUNLEASE_OPENAI_MODEL), is a Chat Completions model on that client.
+    Any other model instance is used as it is, wrapped."""
+    if type(model) in (OpenAIChatModel, OpenAIResponsesModel):
+        assert isinstance(model, OpenAIChatModel | OpenAIResponsesModel)
+        return type(model)(model.model_name, provider=OpenAIProvider(openai_client=client),
+                           settings=model.settings)
     if isinstance(model, Model):
         return model
     name = model or env.model
     for prefix in OPENAI_PREFIXES:
         name = name.removeprefix(prefix)
-    if ":" in name:  # another provider's model: its own settings
-        from pydantic_ai.models import infer_model
-        return infer_model(name)
     return OpenAIChatModel(name, provider=OpenAIProvider(openai_client=client))
 
 
