@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import openai
+from pydantic_core import to_jsonable_python
 
 from runlease.agents.openai.failures import outcome
 from runlease.agents.openai.scrub import Secrets, StreamScrubber
@@ -107,15 +108,10 @@ def call_key(call_id: str) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """A library's value as JSON for a step or an event: pydantic models and
-    dataclasses dumped, anything else JSON can take as is, else its str()."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
-    try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError):
-        return str(value)
+    """A library's value as JSON for a step or an event: pydantic models,
+    dataclasses and the like dumped as pydantic dumps them (JSON mode), what
+    it cannot dump as its str()."""
+    return to_jsonable_python(value, fallback=str)
 
 
 class Flow:

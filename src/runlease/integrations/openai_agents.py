@@ -134,6 +134,7 @@ async def _run(agent: Agent[Any], items: Any, config: RunConfig, max_turns: int,
         state = flow.history(result.to_input_list()) + [
             {"role": "user", "content": t} for t in texts(messages)]
         flow.injected.clear()
+        agent = result.last_agent  # the agent that answered goes on (a handoff's)
 
 
 async def _approved(ctx: RunContext, item: Any) -> bool:
