@@ -21,6 +21,7 @@ from tests.support import pydantic_ai_app
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCall
 from tests.support.proc import WorkerProcess
 from tests.support.waiting import until
+from tests.support.workers import HOST_FILES
 
 API_KEY = "rlk-pydantic-1b2c3d4e5f6a7b8c9d0e"
 USAGE = {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16}
@@ -168,6 +169,35 @@ async def test_cancel_stops_a_model_stream_at_once(
     assert latency < 2, latency  # the grace is 10 s: the stream was closed, not waited out
     assert fake.hangups[0] - asked < 2
     assert await live_store.get_steps(run.id) == {}
+    print(f"cancel latency during a model stream: {latency * 1000:.0f} ms")
+
+
+async def test_cancel_kills_the_process_group_of_a_tools_command(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, tool_log: Path, tmp_path: Path
+) -> None:
+    """A tool that runs a process through run_context().run_tool: a Stop
+    kills its whole group (the child it started in the background too)."""
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! >> {pids}; echo $$ >> {pids}; wait"
+    fake.script(Reply(tool_calls=[ToolCall("c1", "run_command", {"script": script})]))
+    queued = await live_store.enqueue("default", "acme", {"input": "run it"}, max_attempts=3)
+    async with running_worker(db_url, agent(), cancel_grace_s=10, **HOST_FILES):
+        async def started() -> bool:
+            return pids.exists() and len(pids.read_text().split()) == 2
+        await until(started, what="the tool's processes to start")
+        asked = time.monotonic()
+        await live_store.request_cancel(queued.run.id)
+        run = await finished(live_store, queued.run.id)
+        latency = time.monotonic() - asked
+    assert (run.status, run.attempts) == ("cancelled", 1)
+    assert latency < 5, latency  # the grace is 10 s: the tool was stopped, not waited out
+    print(f"cancel latency during a tool's command: {latency * 1000:.0f} ms")
+
+    def gone() -> bool:
+        return not [p for p in pids.read_text().split() if Path(f"/proc/{p}").exists()
+                    and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]]
+    await until(lambda: _async(gone()), what="the tool's processes to be gone", timeout_s=10)
+    assert "tool-1-c1" not in await live_store.get_steps(run.id)
 
 
 async def test_an_approval_parks_the_run_and_the_answer_resumes_it(

@@ -48,15 +48,16 @@ KEY_ID_CHARS = 200  # a step key stays within 255 characters
 _current: ContextVar[RunContext | None] = ContextVar("runlease_run", default=None)
 
 
-def current_run() -> RunContext:
+def run_context() -> RunContext:
     """The RunContext of the run whose agent is calling (from a library
-    agent's tool): `await current_run().run_tool(["make", "test"])` runs a
+    agent's tool): `await run_context().run_tool(["make", "test"])` runs a
     process the worker sandboxes and whose whole group a Stop kills.
-    RuntimeError outside a run."""
+    LookupError outside a run (the name and behaviour of
+    runlease.integrations.langgraph's)."""
     ctx = _current.get()
     if ctx is None:
-        raise RuntimeError("current_run() is for code that a runlease worker runs "
-                           "(a library agent's tool)")
+        raise LookupError("run_context() is for code that a runlease worker runs "
+                          "(a library agent's tool)")
     return ctx
 
 
@@ -121,7 +122,7 @@ class Flow:
 
     def __init__(self, ctx: RunContext, secrets: Secrets) -> None:
         self.ctx = ctx
-        # The run's tasks (the library's, its tools') see it as current_run().
+        # The run's tasks (the library's, its tools') see it as run_context().
         _current.set(ctx)
         self.secrets = secrets
         self.requests = 0
