@@ -107,6 +107,29 @@ async def test_a_two_tool_run_end_to_end(
     assert not [s for s in stored if API_KEY in s]
 
 
+async def test_two_calls_in_one_response_are_two_steps(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, tool_log: Path
+) -> None:
+    """The library runs the calls of one response side by side: each is its
+    own step, and both results reach the model."""
+    fake.script(
+        Reply(tool_calls=[ToolCall("c1", "lookup", {"city": "Oslo"}),
+                          ToolCall("c2", "lookup", {"city": "Bergen"})]),
+        Reply(content="Both sunny."),
+    )
+    queued = await live_store.enqueue("default", "acme", {"input": "Oslo and Bergen?"})
+    async with running_worker(db_url, agent()):
+        run = await finished(live_store, queued.run.id)
+    assert run.status == "done", run.error_message
+    assert sorted(lines(tool_log)) == ["lookup Bergen", "lookup Oslo"]
+    steps = await live_store.get_steps(run.id)
+    assert {"tool-1-c1", "tool-1-c2"} <= set(steps)
+    assert run.tool_calls_used == 2
+    results = {m["tool_call_id"]: m["content"] for m in fake.requests[1].body["messages"]
+               if m["role"] == "tool"}
+    assert results == {"c1": "sunny in Oslo", "c2": "sunny in Bergen"}
+
+
 @pytest.mark.parametrize(("status", "code", "outcome"),
                          [(500, "model_unavailable", "done"), (400, "model_rejected", "dead")])
 async def test_a_failed_request_is_retried_from_the_committed_steps(
