@@ -263,6 +263,27 @@ async def test_an_approval_parks_the_run_and_the_answer_resumes_it(
     assert "tool.call" not in [e.kind for e in await live_store.events_after(denied.id)]
 
 
+async def test_an_external_call_waits_for_its_result_from_a_person(
+    live_store: RunStore, db_url: str, fake: FakeOpenAI, tool_log: Path
+) -> None:
+    """A tool raising CallDeferred: the run waits for `result-<call id>`, and
+    the answer is the tool's result the model gets."""
+    fake.script(Reply(tool_calls=[ToolCall("m1", "ask_manager", {"question": "refund?"})]),
+                Reply(content="The manager said yes."))
+    queued = await live_store.enqueue("default", "acme", {"input": "Can I get a refund?"})
+    async with running_worker(db_url, agent()):
+        async def waiting() -> bool:
+            return (await live_store.get(queued.run.id)).status == "waiting"
+        await until(waiting, what="the run to wait for the manager")
+        assert await live_store.give_input(queued.run.id, "result-m1", "yes, refund it")
+        run = await finished(live_store, queued.run.id)
+    assert (run.status, run.result_json["output"]) == ("done", "The manager said yes."), \
+        run.error_message
+    assert len(fake.requests) == 2
+    tool = [m for m in fake.requests[1].body["messages"] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in tool] == [("m1", "yes, refund it")]
+
+
 async def test_a_message_reaches_the_agent_at_its_next_turn(
     live_store: RunStore, db_url: str, fake: FakeOpenAI, tool_log: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,

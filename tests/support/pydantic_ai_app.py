@@ -58,3 +58,12 @@ async def run_command(script: str) -> str:
 
     result = await run_context().run_tool(["sh", "-c", script], timeout_s=120)
     return result.stdout
+
+
+@agent.tool_plain
+async def ask_manager(question: str) -> str:
+    """Ask the manager (answered outside the agent: a deferred call)."""
+    from pydantic_ai.exceptions import CallDeferred
+
+    record(f"ask {question}")
+    raise CallDeferred
