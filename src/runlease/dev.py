@@ -51,6 +51,7 @@ from runlease.db.folder_lock import FolderLock
 from runlease.db.migrate import migrate
 from runlease.errors import RunleaseError
 from runlease.monitoring import PrometheusServer, alert_rules
+from runlease.scripted_model import ScriptedModel
 from runlease.settings import ApiSettings
 from runlease.worker import sandbox, toolenv
 from runlease.worker.toolguard import PR_SET_PDEATHSIG, prctl
@@ -92,6 +93,8 @@ class DevOptions:
     demo: bool = False
     drain_grace_s: float = 10.0
     prometheus: bool = False
+    # The workers' agent (--agent); None: RUNLEASE_AGENT, else the script agent.
+    agent: str | None = None
 
 
 class WorkerFleet:
@@ -99,7 +102,8 @@ class WorkerFleet:
     Ctrl-C reaches only `runlease dev`, which drains them in order."""
 
     def __init__(self, url: str, n: int, concurrency: int, drain_grace_s: float,
-                 log_dir: Path, *, sandboxed: bool = True,
+                 log_dir: Path, *, sandboxed: bool = True, agent: str | None = None,
+                 model_url: str | None = None,
                  metrics_ports: list[int] | None = None) -> None:
         """`metrics_ports`: one per worker, its /metrics on 127.0.0.1 (for
         --prometheus); none: the workers serve no metrics."""
@@ -108,6 +112,8 @@ class WorkerFleet:
         self.drain_grace_s = drain_grace_s
         self.log_dir = log_dir
         self.sandboxed = sandboxed
+        self.agent = agent or os.environ.get("RUNLEASE_AGENT", "runlease.agents.script:agent")
+        self.model_url = model_url  # the scripted model's, when it answers
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def env(self) -> dict[str, str]:
@@ -119,9 +125,10 @@ class WorkerFleet:
         if not self.sandboxed:  # one user's machine: every tenant's tools, said in the banner
             tools |= {"RUNLEASE_TOOL_SANDBOX": "false", "RUNLEASE_UNSANDBOXED_POOL": "default"}
         base = {k: v for k, v in os.environ.items() if k not in TOKEN_VARS}
+        if self.model_url is not None:
+            base["OPENAI_BASE_URL"] = self.model_url
         return {**base, **tools, "RUNLEASE_DATABASE_URL": self.url,
-               "RUNLEASE_AGENT": os.environ.get("RUNLEASE_AGENT",
-                                                "runlease.agents.script:agent"),
+               "RUNLEASE_AGENT": self.agent,
                "RUNLEASE_CONCURRENCY": str(self.concurrency), "RUNLEASE_METRICS_PORT": "0",
                "RUNLEASE_DRAIN_GRACE_S": str(self.drain_grace_s),
                "RUNLEASE_LEASE_S": "15", "RUNLEASE_HEARTBEAT_INTERVAL_S": "5",
@@ -168,6 +175,25 @@ def _drain_when_dev_dies() -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+MODEL_VARS = ("OPENAI_BASE_URL", "RUNLEASE_OPENAI_BASE_URL", "OPENAI_API_KEY",
+              "RUNLEASE_OPENAI_API_KEY")
+
+
+def model_configured() -> bool:
+    """A model endpoint or key is set: the workers' agent talks to it, not
+    to the scripted model."""
+    return any(os.environ.get(name) for name in MODEL_VARS)
+
+
+async def scripted_model(opts: DevOptions, stack: contextlib.AsyncExitStack) -> str | None:
+    """The scripted model's URL when --agent names an agent and no model is
+    configured (it stops with the stack), else None."""
+    if not opts.agent or model_configured():
+        return None
+    model = await stack.enter_async_context(ScriptedModel())
+    return model.base_url
+
+
 def tokens_for(opts: DevOptions) -> tuple[TokenRegistry, dict[str, str], str]:
     # Under --demo the demo's own tenants come first (the banner's `try curl`
     # uses the first): a tenant "demo" would own none of its runs.
@@ -205,7 +231,9 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
                    if opts.workers else None)
     fleet: WorkerFleet | None = None
     monitoring = Monitoring()
+    models = contextlib.AsyncExitStack()
     try:
+        model_url = await scripted_model(opts, models)
         await asyncio.to_thread(migrate, url)
         registry, tenants, admin = tokens_for(opts)
         if opts.demo:
@@ -215,13 +243,14 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
         api, api_task = await start_api(url, opts, registry, sock)
         ports = [free_port() for _ in range(opts.workers)] if opts.prometheus else None
         fleet = WorkerFleet(url, opts.workers, opts.concurrency, opts.drain_grace_s,
-                            opts.data_dir, sandboxed=unsandboxed is None, metrics_ports=ports)
+                            opts.data_dir, sandboxed=unsandboxed is None, metrics_ports=ports,
+                            agent=opts.agent, model_url=model_url)
         fleet.start()
         base = f"http://{opts.host}:{api.port}"
         if lock is not None:
             lock.describe(api=base)
         url_file = write_url_file(url, opts.data_dir)
-        banner(echo, base, url, opts, tenants, admin, url_file)
+        banner(echo, base, url, opts, tenants, admin, url_file, model_url)
         if ports is not None:
             await monitoring.start(opts, api, ports, echo)
         if unsandboxed is not None:
@@ -247,6 +276,7 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
         await monitoring.stop()
         if fleet is not None:
             fleet.kill()
+        await models.aclose()
         if server is not None:
             echo("stopping PostgreSQL ...")
             await asyncio.to_thread(server.stop)
@@ -357,14 +387,18 @@ def write_url_file(url: str, data_dir: Path | str) -> Path:
 
 
 def banner(echo: Echo, base: str, url: str, opts: DevOptions, tenants: dict[str, str],
-           admin: str, url_file: Path | None = None) -> None:
+           admin: str, url_file: Path | None = None, model_url: str | None = None) -> None:
     echo(f"API        {base}   (OpenAPI: {base}/docs)")
     echo(f"console    {base}/ui/   (sign in with a token below)")
     echo(f"database   {without_password(url)}")
     if url_file is not None:
         echo(f"your agent runlease worker --database-url-file {url_file} --agent module:agent")
-    echo(f"workers    {opts.workers} x {opts.concurrency} slots, script agent "
+    echo(f"workers    {opts.workers} x {opts.concurrency} slots, "
+         f"{'agent ' + opts.agent if opts.agent else 'script agent'} "
          f"(logs in {opts.data_dir}/worker-*.log)")
+    if model_url is not None:
+        echo(f"model      scripted, at {model_url} (no OPENAI_BASE_URL or OPENAI_API_KEY "
+             "set): it calls each tool once, then answers")
     for tenant, token in tenants.items():
         echo(f"token      {tenant}: {token}")
     echo(f"token      admin: {admin}")

@@ -107,7 +107,7 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="Port of the API (0: any free one).")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(0, 64),
-              help="Worker processes (script agent, or RUNLEASE_AGENT).")
+              help="Worker processes (the script agent, or --agent, or RUNLEASE_AGENT).")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
               help="Slots per worker.")
 @click.option("--token", "tokens", multiple=True, metavar="TENANT=TOKEN",
@@ -124,9 +124,14 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--prometheus", is_flag=True,
               help="Also start a Prometheus server (Debian's `prometheus`) with runlease's "
                    "alert rules, scraping the API and the workers; the banner shows its URL.")
+@click.option("--agent", metavar="MODULE:AGENT",
+              help="The workers' agent instead of the script agent: an async function, or "
+                   "an agent of the OpenAI Agents SDK, PydanticAI or LangGraph, imported "
+                   "from this folder. With no model configured (OPENAI_BASE_URL, "
+                   "OPENAI_API_KEY or their RUNLEASE_OPENAI_ forms) a scripted model answers.")
 def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers: int,
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
-        demo: bool, prometheus: bool) -> None:
+        demo: bool, prometheus: bool, agent: str | None) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
     from runlease.api.auth import ADMIN, TokenRegistry, parse_token_pairs
     from runlease.dev import DevOptions, run_dev, seal_tokens
@@ -138,6 +143,15 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
             raise click.UsageError(
                 f"{option} on the command line is readable by every process of this "
                 f"machine (/proc/<pid>/cmdline), tools included: set {env} instead")
+    if agent is not None and demo:
+        raise click.UsageError("--demo submits runs for the script agent: it cannot be "
+                               "combined with --agent")
+    if agent is not None:
+        from runlease.settings.worker import load_agent
+        try:  # refused now, naming the problem, not in every worker's log
+            load_agent(agent, ".")
+        except RunleaseError as exc:
+            raise click.BadParameter(str(exc), param_hint="--agent") from None
     seal_tokens()
     try:
         tenant_tokens = dict(parse_token_pairs(tokens))
@@ -152,7 +166,8 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
             raise click.BadParameter(str(exc), param_hint="--admin-token") from None
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
                          workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
-                         admin_token=admin_token, demo=demo, prometheus=prometheus)
+                         admin_token=admin_token, demo=demo, prometheus=prometheus,
+                         agent=agent)
     # The API runs in this process; the workers, `runlease worker` processes,
     # set tracing up themselves from the same OTEL_* variables.
     tracing.setup("runlease-api")
