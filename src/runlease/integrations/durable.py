@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,6 +31,7 @@ from runlease.agents.openai.failures import outcome
 from runlease.agents.openai.scrub import Secrets, StreamScrubber
 from runlease.agents.openai.tools import EVENT_TEXT_CHARS
 from runlease.agents.openai.usage import _count
+from runlease.integrations import bind
 from runlease.worker import FatalError, RunCancelled, RunContext
 from runlease.worker.toolenv import worker_environ
 
@@ -43,22 +43,6 @@ CONNECT_TIMEOUT_S = 30.0
 READ_TIMEOUT_S = 300.0
 DELTA_CHARS = 2048
 KEY_ID_CHARS = 200  # a step key stays within 255 characters
-
-
-_current: ContextVar[RunContext | None] = ContextVar("runlease_run", default=None)
-
-
-def run_context() -> RunContext:
-    """The RunContext of the run whose agent is calling (from a library
-    agent's tool): `await run_context().run_tool(["make", "test"])` runs a
-    process the worker sandboxes and whose whole group a Stop kills.
-    LookupError outside a run (the name and behaviour of
-    runlease.integrations.langgraph's)."""
-    ctx = _current.get()
-    if ctx is None:
-        raise LookupError("run_context() is for code that a runlease worker runs "
-                          "(a library agent's tool)")
-    return ctx
 
 
 @dataclass(frozen=True)
@@ -123,7 +107,7 @@ class Flow:
     def __init__(self, ctx: RunContext, secrets: Secrets) -> None:
         self.ctx = ctx
         # The run's tasks (the library's, its tools') see it as run_context().
-        _current.set(ctx)
+        bind(ctx)
         self.secrets = secrets
         self.requests = 0
         self.taken = 0  # messages taken by this attempt, replayed ones included

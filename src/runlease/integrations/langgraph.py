@@ -40,7 +40,6 @@ started with `run_context().run_tool(argv)` is ended with its group by a Stop
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -66,23 +65,13 @@ from langgraph.types import Command, Interrupt
 
 from runlease.db.checkpoints import MAX_LIST, StoredCheckpoint
 from runlease.errors import SettingsError, ValidationError
+from runlease.integrations import bind
 from runlease.worker import FatalError, RunCancelled, RunContext
 
 EVENT_TEXT_CHARS = 8192  # as the OpenAI agent: events stay well inside their bound
 RESULT_MESSAGES = 50
 MAX_RECURSION_LIMIT = 1000
 TAKES_KEY = "runlease_takes"  # checkpoint metadata: the message takes fed so far
-
-_current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("runlease_run_context")
-
-
-def run_context() -> RunContext:
-    """The RunContext of the run whose graph calls this (from a node or a
-    tool): `run_context().run_tool([...])` runs a process that a Stop ends
-    with its whole group, `run_context().step(key, fn)` is a durable step.
-    LookupError outside a run."""
-    return _current.get()
-
 
 class RunleaseSaver(BaseCheckpointSaver[int]):
     """A LangGraph checkpoint saver for one attempt of one run: writes are
@@ -312,7 +301,7 @@ class GraphRun:
         return await self.ctx.take_messages()
 
     async def run(self) -> dict[str, Any]:
-        _current.set(self.ctx)  # the agent's own task: its context dies with it
+        bind(self.ctx)  # the agent's own task: its context dies with it
         latest = await self.saver.latest(self.thread)
         pending: Any
         if latest is not None and latest.run_id == self.ctx.run_id:
