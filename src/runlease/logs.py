@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 
+from runlease import tracing
 from runlease.core.redact import DEFAULT_REDACTOR, Redactor
 
 _redactor: Redactor = DEFAULT_REDACTOR
@@ -25,10 +26,17 @@ def use_redactor(redactor: Redactor) -> None:
 
 
 class RedactingFormatter(logging.Formatter):
-    """The standard line, redacted as a whole (exception and stack included)."""
+    """The standard line, redacted as a whole (exception and stack included);
+    while tracing is on, a line written inside a span ends with its
+    `trace_id=... span_id=...` (tracing.py)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return _redactor.text(super().format(record))
+        line = super().format(record)
+        ids = tracing.log_ids()
+        if ids is not None:
+            first, newline, rest = line.partition("\n")
+            line = f"{first} trace_id={ids[0]} span_id={ids[1]}{newline}{rest}"
+        return _redactor.text(line)
 
 
 class JsonFormatter(logging.Formatter):
@@ -46,6 +54,9 @@ class JsonFormatter(logging.Formatter):
             key, sep, value = part.partition("=")
             if sep:
                 out[key] = value
+        ids = tracing.log_ids()
+        if ids is not None:
+            out["trace_id"], out["span_id"] = ids
         out["message"] = message
         if record.exc_info:
             out["exception"] = _redactor.text(self.formatException(record.exc_info))

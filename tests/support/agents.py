@@ -113,3 +113,12 @@ async def family(ctx: RunContext) -> dict[str, Any]:
     outcomes = await ctx.wait_children()
     return {"ids": ids, "attempt": ctx.attempt, "statuses": [o["status"] for o in outcomes],
             "children": sorted(o["result"]["child"] for o in outcomes if o["result"])}
+
+
+async def slow_first(ctx: RunContext) -> dict[str, Any]:
+    """Sleeps a minute on attempt 1 (for a kill -9 to interrupt), returns at
+    once on later attempts."""
+    if ctx.attempt == 1:
+        await ctx.emit("started", {"attempt": ctx.attempt})
+        await ctx.sleep(60)
+    return {"attempt": ctx.attempt}

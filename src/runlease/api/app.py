@@ -5,6 +5,7 @@ probes."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -167,6 +168,18 @@ def build_registry(settings: ApiSettings) -> TokenRegistry:
     return registry
 
 
+def _without_native_telemetry() -> dict[str, Any]:
+    """FastAPI (0.165 and later) traces every request by itself once a tracer
+    provider is installed (runlease/tracing.py installs one when asked):
+    turned off, so the API's spans are runlease's own (`submit`, in the run's
+    trace), a /metrics scrape or a console poll is no trace of its own, and
+    no exception text reaches a collector without the redactor."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False,
+                          "operation_spans": False}}
+
+
 def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) -> FastAPI:
     if not settings.database_url:
         raise SettingsError("no database: set --database-url, RUNLEASE_DATABASE_URL or "
@@ -219,6 +232,7 @@ def create_app(settings: ApiSettings, *, tokens: TokenRegistry | None = None) ->
         description="A durable run queue for long-running AI agent runs. Every route takes "
                     "`Authorization: Bearer <token>`; a token belongs to one tenant or to "
                     "admin. Errors are `{\"error\": {\"code\", \"message\", \"field\"}}`.",
+        **_without_native_telemetry(),
     )
     app.state.runlease = state
     errors.install(app)

@@ -17,6 +17,7 @@ input) are rendered by the app's own exception handlers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -24,6 +25,7 @@ from fastapi import FastAPI, Request
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from runlease import tracing
 from runlease.api.deps import ApiState, principal_of
 from runlease.api.routes import new_run, router, submitted, tenant_for
 from runlease.api.schemas import RunCreate
@@ -39,13 +41,14 @@ def _json_media(value: bytes) -> bool:
                                            and media.endswith("+json"))
 
 
-def _headers(scope: Scope) -> tuple[str, str | None] | None:
-    """The Authorization header and the Idempotency-Key, when the route would
-    read them as these: each at most once, a JSON content type, the key
-    within its bounds. None: leave the request to the route."""
+def _headers(scope: Scope) -> tuple[str, str | None, str | None] | None:
+    """The Authorization header, the Idempotency-Key and the traceparent,
+    when the route would read them as these: each at most once, a JSON
+    content type, the key within its bounds. None: leave the request to the
+    route."""
     found: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
-        if name in (b"authorization", b"content-type", b"idempotency-key"):
+        if name in (b"authorization", b"content-type", b"idempotency-key", b"traceparent"):
             if name in found:
                 return None
             found[name] = value
@@ -58,7 +61,9 @@ def _headers(scope: Scope) -> tuple[str, str | None] | None:
         return None
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= KEY_MAX_CHARS:
         return None
-    return found[b"authorization"].decode("latin-1"), idempotency_key
+    traceparent = found.get(b"traceparent")
+    return (found[b"authorization"].decode("latin-1"), idempotency_key,
+            None if traceparent is None else traceparent.decode("latin-1"))
 
 
 class FastSubmit:
@@ -110,7 +115,7 @@ class FastSubmit:
         headers = _headers(scope)
         if headers is None:
             return False
-        auth, idempotency_key = headers
+        auth, idempotency_key, traceparent = headers
         who = principal_of(state, auth)
         if who is None:
             return False
@@ -124,12 +129,16 @@ class FastSubmit:
         except Exception:  # whatever it is, the route answers it as it does
             return False
         scope["route"] = self._route()  # for the request metrics' path label
-        try:
-            result = await live.groups.submit(run)
-        except Exception as exc:  # the app's handler renders it, or it is raised
-            state.fast_submits += 1
-            await self._error(scope, receive, send, exc)
-            return True
+        with tracing.submit_span(traceparent) as traced:
+            if traced.traceparent is not None:
+                run = dataclasses.replace(run, traceparent=traced.traceparent)
+            try:
+                result = await live.groups.submit(run)
+            except Exception as exc:  # the app's handler renders it, or it is raised
+                state.fast_submits += 1
+                await self._error(scope, receive, send, exc)
+                return True
+            tracing.submitted(traced, result.run.id, inserted=result.inserted)
         state.fast_submits += 1
         await submitted(result, live.waker, admin=who.admin)(scope, receive, send)
         return True

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Resp
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from runlease import metrics
+from runlease import metrics, tracing
 from runlease.api.auth import Principal
 from runlease.api.deps import Admin, Groups, JsonBody, Store, Waker, Who, api_state, bearer
 from runlease.api.errors import ErrorAnswer, unauthorized
@@ -90,14 +90,14 @@ def retry_policy(body: RunCreate) -> RetryPolicy | None:
 
 
 def new_run(body: RunCreate, tenant: str, idempotency_key: str | None, *,
-            input_parsed: bool = False) -> NewRun:
+            input_parsed: bool = False, traceparent: str | None = None) -> NewRun:
     """The run a submit's body asks for (single, grouped, fast path or batch
-    item); `input_parsed`: see NewRun."""
+    item); `input_parsed`, `traceparent`: see NewRun."""
     return NewRun(
         tenant, body.input, body.priority, body.max_attempts,
         None if body.budget is None else body.budget.model_dump(exclude_none=True),
         idempotency_key, body.labels, body.run_at, body.delay_s, body.pool,
-        retry=retry_policy(body), input_parsed=input_parsed)
+        retry=retry_policy(body), input_parsed=input_parsed, traceparent=traceparent)
 
 
 SUBMIT_403 = {"model": ErrorBody,
@@ -126,19 +126,26 @@ async def submit(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
                                                   max_length=255,
                                                   pattern=r"^[^\x00-\x20\x7f]+$")] = None,
+    traceparent: Annotated[str | None, Header(
+        description="W3C trace context: the run's spans join this trace. A malformed "
+                    "value is ignored.")] = None,
 ) -> Response:
     """Enqueue a run. The same Idempotency-Key again returns the same run (200).
     Over the tenant's submit rate in the pool: 429 with Retry-After."""
     tenant = tenant_for(body.tenant_id, who)
     idempotency_key = utf8_header(idempotency_key, "Idempotency-Key")
     parent = body.parent_run_id
-    if (parent is None and body.webhook_url is None and body.thread_id is None
-            and body.concurrency_key is None and body.singleton is None
-            and body.debounce is None):
-        # Most submits: grouped (submit_group.py).
-        result = await groups.submit(new_run(body, tenant, idempotency_key))
-    else:
-        result = await _submit_alone(body, who, tenant, store, idempotency_key)
+    with tracing.submit_span(traceparent) as traced:
+        if (parent is None and body.webhook_url is None and body.thread_id is None
+                and body.concurrency_key is None and body.singleton is None
+                and body.debounce is None):
+            # Most submits: grouped (submit_group.py).
+            result = await groups.submit(new_run(body, tenant, idempotency_key,
+                                                 traceparent=traced.traceparent))
+        else:
+            result = await _submit_alone(body, who, tenant, store, idempotency_key,
+                                         traced.traceparent)
+        tracing.submitted(traced, result.run.id, inserted=result.inserted)
     return submitted(result, waker, admin=who.admin)
 
 
@@ -166,7 +173,8 @@ def submitted(result: EnqueueResult, waker: PoolWaker, *, admin: bool) -> Respon
 
 
 async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: RunStore,
-                        idempotency_key: str | None) -> EnqueueResult:
+                        idempotency_key: str | None,
+                        traceparent: str | None = None) -> EnqueueResult:
     """A submit with a parent, a webhook, a thread, a key, a singleton or a
     debounce: its checks share its
     transaction. A thread's interrupted run is stopped after the commit
@@ -178,7 +186,7 @@ async def _submit_alone(body: RunCreate, who: Principal, tenant: str, store: Run
             await store.check_parent(parent, tenant, conn=conn, admin=who.admin)
         if body.webhook_url is not None:
             await store.check_webhook_url(body.webhook_url, conn=conn)
-        run = new_run(body, tenant, idempotency_key)
+        run = new_run(body, tenant, idempotency_key, traceparent=traceparent)
         if body.thread_id is not None:
             joined = await store.submit_to_thread(body.pool, run, body.thread_id,
                                                   body.multitask or "enqueue", conn=conn)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from runlease import __version__, logs
+from runlease import __version__, logs, tracing
 from runlease.db.embedded import EmbeddedPostgres
 from runlease.db.folder_lock import FolderBusy, FolderLock
 from runlease.db.migrate import migrate as apply_migrations
@@ -174,7 +174,12 @@ def worker(**options: object) -> None:
     # one collects when most of them are freed already (refcounting frees a
     # run's objects: they hold no cycle, see worker/runner.py).
     gc.set_threshold(10_000, 10, 10)
-    sys.exit(asyncio.run(Worker(settings).run()))
+    tracing.setup("runlease-worker")  # when the OTEL_* variables ask (docs/operations.md)
+    try:
+        code = asyncio.run(Worker(settings).run())
+    finally:
+        tracing.shutdown()
+    sys.exit(code)
 
 
 @main.command()
@@ -191,11 +196,15 @@ def api(**options: object) -> None:
         # would fail at random as 500s; refuse in one line instead.
         asyncio.run(check_behind_pooler(settings.database_url,
                                         prepared=settings.prepared_statements, listen=False))
+    tracing.setup("runlease-api")  # when the OTEL_* variables ask (docs/operations.md)
     app = create_app(settings)
     # Bound before anything starts: a busy port is one line, not a traceback.
     server = ApiServer(app, settings.host, settings.port,
                        sock=bind_socket(settings.host, settings.port))
-    run_forever(server)
+    try:
+        run_forever(server)
+    finally:
+        tracing.shutdown()
 
 
 @main.command()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 import functools
 import inspect
+import sys
 import time
 import types
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
@@ -233,6 +234,8 @@ class Calls:
             if value is not None:
                 body[key] = _jsonable(value)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        if (traceparent := _current_traceparent()) is not None:
+            headers["traceparent"] = traceparent
         return Call("POST", "/v1/runs", _run, json=body, headers=headers)
 
     @staticmethod
@@ -465,3 +468,17 @@ class Waiting:
             raise TimeoutError(f"run {self.run_id} still {run.status} after {self.timeout_s} s")
         delay, self.delay = self.delay, min(2.0, self.delay * 1.5)
         return delay
+
+
+def _current_traceparent() -> str | None:
+    """The caller's current OpenTelemetry span as a traceparent header, so
+    the run's spans join the caller's trace. Read only when the caller's
+    program imported OpenTelemetry already: a client that traces nothing
+    imports nothing for it."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"

@@ -22,6 +22,7 @@ from runlease.errors import (
     UnknownPool,
     ValidationError,
 )
+from runlease.tracing import parse_traceparent
 
 if TYPE_CHECKING:
     from runlease.db.runs import NewRun
@@ -168,6 +169,9 @@ def enqueue_params(pool: str, runs: Sequence[NewRun], now: datetime, max_input_b
                f'"budget_json":{budget},"input_json":{input_text}')
         if labels is not None:
             doc += f',"labels":{labels}'
+        if run.traceparent is not None:
+            # Checked again here: whatever reaches the store is W3C or dropped.
+            doc += _set("traceparent", parse_traceparent(run.traceparent))
         if key is not None or run_at is not None or delay_s is not None:
             doc += (_set("idempotency_key", key)
                     + _set("run_at", None if run_at is None else run_at.isoformat())

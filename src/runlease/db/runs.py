@@ -58,6 +58,8 @@ class NewRun:
     # The input was parsed from JSON text (only JSON's types in it): checked
     # by bounds.check_parsed_object, quicker to write (the API's batches).
     input_parsed: bool = False
+    # The W3C trace context to store (tracing.parse_traceparent made it).
+    traceparent: str | None = None
 
 
 class QueueStore(Executor):

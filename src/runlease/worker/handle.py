@@ -115,6 +115,8 @@ class RunHandle:
         # How the attempt ended (worker/runner.py records it): an attempt that
         # ended UNKNOWN wrote no ending, and its run is still leased.
         self.outcome: Outcome | None = None
+        # The attempt's span while tracing is on (worker/attempt_trace.py).
+        self.trace: Any = None
         self._killing: asyncio.Task[None] | None = None
         # Made when the agent first waits for a message (ctx.receive): set by
         # the inbox NOTIFY for this run (worker.py).

@@ -30,11 +30,12 @@ import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from runlease import metrics
+from runlease import metrics, tracing
 from runlease.core.bounds import RETRY_AFTER_MAX_S, ResultRefused
 from runlease.core.states import ErrorCode, Outcome, RunStatus
 from runlease.db.store import Rendered, RunStore, stale_writes
 from runlease.errors import DatabaseUnavailable, LeaseLost
+from runlease.worker import attempt_trace
 from runlease.worker.children import WaitForChildren
 from runlease.worker.context import RunContext
 from runlease.worker.errors import BudgetExceeded, FatalError, RetryableError, RunCancelled
@@ -205,6 +206,9 @@ class Runner:
                 "run_finished run_id=%s tenant=%s attempt=%s outcome=%s", run.id,
                 run.tenant_id, run.attempts, outcome)
         handle.outcome = outcome
+        if handle.trace is not None:
+            attempt_trace.end(handle.trace, outcome)
+            handle.trace = None
         handle.finished.set()
 
     @staticmethod
@@ -247,7 +251,9 @@ class Runner:
         if (left := ctx.deadline_left_s) is not None:
             deadline = asyncio.get_running_loop().call_later(
                 max(0.0, left), handle.stop, StopReason.DEADLINE)
-        task = asyncio.create_task(self._agent(ctx), name="run-" + handle.rid)
+        task = asyncio.create_task(
+            self._agent(ctx) if not tracing.ENABLED else self._traced_agent(ctx, handle),
+            name="run-" + handle.rid)
         handle.task = task
         if handle.cancel.is_set():
             task.cancel()
@@ -290,6 +296,12 @@ class Runner:
                 log.error("run_abandoned run_id=%s: its task did not stop", handle.run_id)
                 raise LeaseLost(handle.run_id, handle.lease.epoch)
         return task.result()
+
+    async def _traced_agent(self, ctx: RunContext, handle: RunHandle) -> Any:
+        """_agent inside the attempt's span (tracing on only): the agent's
+        model turns and tools are its children."""
+        handle.trace = await attempt_trace.begin(self.store, handle.lease)
+        return await self._agent(ctx)
 
     async def _agent(self, ctx: RunContext) -> Any:
         await ctx.start()  # a budget spent by earlier attempts ends the run here

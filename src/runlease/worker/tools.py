@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runlease import tracing
 from runlease.worker import toolenv
 from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
 from runlease.worker.sandbox import INSIDE_TMP, INSIDE_WORK, Sandbox, give_back
@@ -299,6 +300,30 @@ class ToolRunner:
             raise ToolRefused(self.refused)
         started = time.monotonic()
         tool_env = toolenv.build(env, grant=self.grant, run_env=self.run_env)
+        if tracing.ENABLED:
+            return await self._traced(argv, tool_env, timeout_s, cwd, on_output, started)
+        return await self._run(argv, tool_env, timeout_s, cwd, on_output, started)
+
+    async def _traced(self, argv: Sequence[str], tool_env: dict[str, str],
+                      timeout_s: float | None, cwd: str | None, on_output: OnOutput | None,
+                      started: float) -> ToolResult:
+        """_run inside a `tool` span: the command's name (never its arguments
+        or output), its exit code and duration; the tool gets TRACEPARENT
+        naming the span, so its own spans join the run's trace."""
+        with tracing.span("tool", {"runlease.tool.command": os.path.basename(argv[0])[:200]}
+                          ) as span:
+            assert span is not None
+            tool_env["TRACEPARENT"] = tracing.traceparent_of(span)
+            result = await self._run(argv, tool_env, timeout_s, cwd, on_output, started)
+            span.set_attributes({"runlease.tool.exit_code": result.returncode,
+                                 "runlease.tool.duration_s": round(result.duration_s, 6)})
+            if result.returncode != 0:
+                span.set_status(tracing.error_status(f"exit code {result.returncode}"))
+            return result
+
+    async def _run(self, argv: Sequence[str], tool_env: dict[str, str],
+                   timeout_s: float | None, cwd: str | None, on_output: OnOutput | None,
+                   started: float) -> ToolResult:
         command: Sequence[str] = argv
         if self.sandbox is not None:
             command, cwd = self._sandboxed(argv, cwd, tool_env)

@@ -11,6 +11,7 @@ from typing import Any, cast
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from runlease import tracing
 from runlease.agents.openai.failures import UNAVAILABLE, not_json, outcome
 from runlease.agents.openai.reply import Reply, used_call_ids
 from runlease.agents.openai.request import ChatRequest, OpenAISettings
@@ -40,7 +41,29 @@ async def model_turn(
     ctx: RunContext, client: openai.AsyncOpenAI, config: OpenAISettings,
     request: ChatRequest, messages: list[dict[str, Any]], turn: int, secrets: Secrets,
 ) -> dict[str, Any]:
-    """Stream one completion; return the finished assistant message (the step's result)."""
+    """Stream one completion; return the finished assistant message (the step's result).
+    While tracing is on, inside a `model.turn` span naming the model and the
+    tokens it reported (never the messages)."""
+    if not tracing.ENABLED:
+        return await _model_turn(ctx, client, config, request, messages, turn, secrets)
+    with tracing.span("model.turn", {"gen_ai.request.model": request.model,
+                                     "runlease.turn": turn}) as span:
+        assert span is not None
+        result = await _model_turn(ctx, client, config, request, messages, turn, secrets)
+        usage = result.get("usage") or {}
+        for key, attribute in (("prompt_tokens", "gen_ai.usage.input_tokens"),
+                               ("completion_tokens", "gen_ai.usage.output_tokens")):
+            if isinstance(usage.get(key), int):
+                span.set_attribute(attribute, usage[key])
+        if result.get("finish_reason"):
+            span.set_attribute("gen_ai.response.finish_reasons", [str(result["finish_reason"])])
+        return result
+
+
+async def _model_turn(
+    ctx: RunContext, client: openai.AsyncOpenAI, config: OpenAISettings,
+    request: ChatRequest, messages: list[dict[str, Any]], turn: int, secrets: Secrets,
+) -> dict[str, Any]:
     reply = Reply()
     scrubber = secrets.stream()
     try:

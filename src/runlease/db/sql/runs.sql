@@ -49,7 +49,8 @@ input AS (
            AS i (ord integer, id uuid, pool text, tenant_id text, priority integer,
                  max_attempts integer, budget_json jsonb, input_json jsonb,
                  idempotency_key text, labels jsonb, run_at timestamptz, delay_s float8,
-                 backoff_base_s integer, backoff_cap_s integer, non_retryable_codes text[]),
+                 backoff_base_s integer, backoff_cap_s integer, non_retryable_codes text[],
+                 traceparent text),
            clock
 ), lanes AS MATERIALIZED (
     -- MATERIALIZED: once per (pool, tenant) of the batch. Inlined, the
@@ -88,13 +89,13 @@ input AS (
     INSERT INTO agent_runs AS r
            (id, pool, tenant_id, priority, fair_seq, max_attempts, budget_json, input_json,
             idempotency_key, available_at, created_at, updated_at, delayed, labels,
-            backoff_base_s, backoff_cap_s, non_retryable_codes)
+            backoff_base_s, backoff_cap_s, non_retryable_codes, traceparent)
     SELECT i.id, lanes.pool_name, i.tenant_id, i.priority,
            lanes.base + row_number() OVER (PARTITION BY i.pool, i.tenant_id ORDER BY i.ord) - 1,
            coalesce(i.max_attempts, lanes.pool_attempts), i.budget_json, i.input_json,
            i.idempotency_key, i.due, clock.ts, clock.ts, i.due > clock.ts,
            coalesce(i.labels, '{}'::jsonb),
-           i.backoff_base_s, i.backoff_cap_s, i.non_retryable_codes
+           i.backoff_base_s, i.backoff_cap_s, i.non_retryable_codes, i.traceparent
       FROM input i
       JOIN lanes USING (pool, tenant_id)
      CROSS JOIN clock
@@ -129,6 +130,13 @@ indexed AS (
 -- name: run_get_by_keys
 SELECT * FROM agent_runs
  WHERE pool = %(pool)s AND tenant_id = %(tenant)s AND idempotency_key = ANY (%(keys)s::text[]);
+
+
+-- name: run_traceparents
+-- The stored trace context of runs just claimed, read only by a worker that
+-- traces (tracing.py): the claim itself does not carry it.
+SELECT id, traceparent FROM agent_runs
+ WHERE id = ANY (%(ids)s::uuid[]) AND traceparent IS NOT NULL;
 
 
 -- name: run_claim
