@@ -13,6 +13,13 @@ superuser's password (db/embedded.py); the workers sandbox their tools
 (worker/sandbox.py), hiding the data directory from them, and the banner
 says so when this machine cannot sandbox.
 
+`--prometheus` also starts a Prometheus server (Debian's `prometheus`)
+beside the stack, with the shipped alert rules (runlease/monitoring),
+scraping the API and every worker each 5 s; the queue's gauges, which the
+operator exports in a cluster, are exported by the API here
+(export_queue_gauges), so the dashboard's queue panels and the dead-letter
+alert work too. Its URL is in the banner.
+
 `--demo` also submits script-agent runs for three tenants through the API
 (some slow, some failing once and retried, one cancelled), shows them live
 and prints a summary; the stack then keeps serving, so the runs can be
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import signal
@@ -34,15 +42,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runlease import metrics
 from runlease.api.app import create_app
 from runlease.api.auth import ADMIN, TokenRegistry
 from runlease.api.server import ApiServer, bind_socket
-from runlease.db.embedded import EmbeddedPostgres
+from runlease.db.embedded import EmbeddedPostgres, free_port
 from runlease.db.folder_lock import FolderLock
 from runlease.db.migrate import migrate
+from runlease.errors import RunleaseError
+from runlease.monitoring import PrometheusServer, alert_rules
 from runlease.settings import ApiSettings
 from runlease.worker import sandbox, toolenv
 from runlease.worker.toolguard import PR_SET_PDEATHSIG, prctl
+
+log = logging.getLogger(__name__)
 
 TOKEN_VARS = ("RUNLEASE_DEV_TOKENS", "RUNLEASE_ADMIN_TOKEN")
 
@@ -78,6 +91,7 @@ class DevOptions:
     admin_token: str | None = None
     demo: bool = False
     drain_grace_s: float = 10.0
+    prometheus: bool = False
 
 
 class WorkerFleet:
@@ -85,8 +99,12 @@ class WorkerFleet:
     Ctrl-C reaches only `runlease dev`, which drains them in order."""
 
     def __init__(self, url: str, n: int, concurrency: int, drain_grace_s: float,
-                 log_dir: Path, *, sandboxed: bool = True) -> None:
+                 log_dir: Path, *, sandboxed: bool = True,
+                 metrics_ports: list[int] | None = None) -> None:
+        """`metrics_ports`: one per worker, its /metrics on 127.0.0.1 (for
+        --prometheus); none: the workers serve no metrics."""
         self.url, self.n, self.concurrency = url, n, concurrency
+        self.metrics_ports = metrics_ports
         self.drain_grace_s = drain_grace_s
         self.log_dir = log_dir
         self.sandboxed = sandboxed
@@ -112,6 +130,9 @@ class WorkerFleet:
     def start(self) -> None:
         env = self.env()
         for i in range(self.n):
+            if self.metrics_ports:
+                env = {**env, "RUNLEASE_METRICS_PORT": str(self.metrics_ports[i]),
+                       "RUNLEASE_METRICS_HOST": "127.0.0.1"}
             log = (self.log_dir / f"worker-{i}.log").open("ab")
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "runlease", "worker"], env=env, stdout=log,
@@ -183,6 +204,7 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
     unsandboxed = (await asyncio.to_thread(sandbox_problem, opts.data_dir)
                    if opts.workers else None)
     fleet: WorkerFleet | None = None
+    monitoring = Monitoring()
     try:
         await asyncio.to_thread(migrate, url)
         registry, tenants, admin = tokens_for(opts)
@@ -191,14 +213,17 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
                 tenants.setdefault(tenant, secrets.token_urlsafe(24))
                 registry.add_tenant(tenant, tenants[tenant])
         api, api_task = await start_api(url, opts, registry, sock)
+        ports = [free_port() for _ in range(opts.workers)] if opts.prometheus else None
         fleet = WorkerFleet(url, opts.workers, opts.concurrency, opts.drain_grace_s,
-                            opts.data_dir, sandboxed=unsandboxed is None)
+                            opts.data_dir, sandboxed=unsandboxed is None, metrics_ports=ports)
         fleet.start()
         base = f"http://{opts.host}:{api.port}"
         if lock is not None:
             lock.describe(api=base)
         url_file = write_url_file(url, opts.data_dir)
         banner(echo, base, url, opts, tenants, admin, url_file)
+        if ports is not None:
+            await monitoring.start(opts, api, ports, echo)
         if unsandboxed is not None:
             echo(f"WARNING    tools run unsandboxed, as you, beside each other: {unsandboxed}")
         stop = stop_on_signals(echo, fleet, api)
@@ -219,11 +244,87 @@ async def _run_dev(opts: DevOptions, echo: Echo, sock: socket.socket,
         await api_task
         return 0
     finally:
+        await monitoring.stop()
         if fleet is not None:
             fleet.kill()
         if server is not None:
             echo("stopping PostgreSQL ...")
             await asyncio.to_thread(server.stop)
+
+
+PROMETHEUS_PORT = 9090  # Prometheus's own default, when free
+SCRAPE_INTERVAL_S = 5.0
+
+
+class Monitoring:
+    """--prometheus: the server and the queue's gauges, stopped with the stack."""
+
+    def __init__(self) -> None:
+        self.server: PrometheusServer | None = None
+        self.gauges: asyncio.Task[None] | None = None
+
+    async def start(self, opts: DevOptions, api: ApiServer, worker_ports: list[int],
+                    echo: Echo) -> None:
+        self.gauges = asyncio.create_task(export_queue_gauges(api), name="queue-gauges")
+        self.server = await asyncio.to_thread(start_prometheus, opts, api.port, worker_ports)
+        echo(f"prometheus {self.server.url}   (alerts: {self.server.url}/alerts; the "
+             "dashboard: charts/runlease/dashboards/runlease.json, docs/operations.md)")
+
+    async def stop(self) -> None:
+        if self.gauges is not None:
+            self.gauges.cancel()
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+
+
+def start_prometheus(opts: DevOptions, api_port: int, worker_ports: list[int]
+                     ) -> PrometheusServer:
+    """Prometheus in <data dir>/prometheus/ with the shipped alert rules,
+    scraping the API and the workers."""
+    try:
+        port = PROMETHEUS_PORT
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+    except OSError:
+        port = free_port()
+    host = "127.0.0.1" if opts.host in ("0.0.0.0", "::") else opts.host
+    return PrometheusServer(
+        opts.data_dir / "prometheus", port,
+        {"runlease-api": [f"{host}:{api_port}"],
+         "runlease-worker": [f"127.0.0.1:{p}" for p in worker_ports]},
+        rules=alert_rules(), interval_s=SCRAPE_INTERVAL_S).start()
+
+
+async def export_queue_gauges(api: ApiServer, interval_s: float = SCRAPE_INTERVAL_S) -> None:
+    """What the operator exports in a cluster, from the database, on the
+    API's /metrics: runs per pool, tenant and status, dead runs per error
+    code, the oldest ready run's wait (operator/gauges.py)."""
+    exported: set[tuple[str, str, str]] = set()
+    dead: set[tuple[str, str]] = set()
+    while True:
+        live = api.app_state.live
+        if live is not None:
+            try:
+                now_queue, now_dead = set(), set()
+                for pool in await live.store.list_pools():
+                    stats = await live.store.queue_stats(pool.name)
+                    for tenant, counts in stats.by_tenant.items():
+                        for state, value in zip(("pending", "ready", "leased"), counts,
+                                                strict=True):
+                            metrics.QUEUE_RUNS.labels(pool.name, tenant, state).set(value)
+                            now_queue.add((pool.name, tenant, state))
+                    for code, n in stats.dead_by_code.items():
+                        metrics.DEAD_RUNS.labels(pool.name, code or "").set(n)
+                        now_dead.add((pool.name, code or ""))
+                    metrics.OLDEST_PENDING.labels(pool.name).set(stats.oldest_ready_s)
+                for labels in exported - now_queue:
+                    metrics.QUEUE_RUNS.remove(*labels)
+                for pair in dead - now_dead:
+                    metrics.DEAD_RUNS.remove(*pair)
+                exported, dead = now_queue, now_dead
+            except RunleaseError as exc:
+                log.warning("queue_gauges_failed error=%s", exc)
+        await asyncio.sleep(interval_s)
 
 
 async def start_api(url: str, opts: DevOptions, registry: TokenRegistry,

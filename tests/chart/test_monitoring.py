@@ -18,6 +18,7 @@ from prometheus_client import Metric
 from prometheus_client.metrics import MetricWrapperBase
 
 from runlease import metrics
+from runlease.monitoring import alert_rules
 from tests.chart.conftest import VALUES_DIR, one
 
 pytestmark = pytest.mark.chart
@@ -75,6 +76,13 @@ def test_the_rule_has_the_six_alerts(rendered: Render) -> None:
         assert rule["annotations"]["summary"]
         assert rule["annotations"]["description"]
         assert re.fullmatch(r"[0-9]+[smh]", rule["for"])
+
+
+def test_the_packaged_rules_are_the_charts_at_its_defaults(rendered: Render) -> None:
+    """runlease/monitoring/alerts.yaml (what `runlease dev --prometheus` and
+    the Prometheus tests load) is the chart's PrometheusRule, rendered."""
+    packaged = yaml.safe_load(alert_rules())
+    assert packaged == {"groups": prometheus_rule(rendered)["spec"]["groups"]}
 
 
 def test_promtool_check_rules(rendered: Render, promtool: Path, tmp_path: Path) -> None:

@@ -67,8 +67,9 @@ def postgres_pids(data_dir: Path) -> set[int]:
 
 
 class Dev:
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, *args: str) -> None:
         self.workers = workers
+        self.args = args  # more options of `runlease dev`
         self.dir = Path(tempfile.mkdtemp(prefix="runlease-dev-test-"))
         self.dir.chmod(0o755)
         self.port = free_port()
@@ -84,7 +85,7 @@ class Dev:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "runlease", "dev", "--data-dir", str(self.dir / "data"),
-                 "--port", str(self.port), "--workers", str(self.workers)],
+                 "--port", str(self.port), "--workers", str(self.workers), *self.args],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         until_sync(self.ready, timeout_s=60, what="runlease dev to serve")
 

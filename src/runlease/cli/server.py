@@ -121,9 +121,12 @@ def migrate(database_url: str | None, data_dir: Path, check: bool) -> None:
 @click.option("--demo", is_flag=True,
               help="Submit demo runs for three tenants and show them live; the stack "
                    "keeps serving (web console at /ui/) until Ctrl-C.")
+@click.option("--prometheus", is_flag=True,
+              help="Also start a Prometheus server (Debian's `prometheus`) with runlease's "
+                   "alert rules, scraping the API and the workers; the banner shows its URL.")
 def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers: int,
         concurrency: int, tokens: tuple[str, ...], admin_token: str | None,
-        demo: bool) -> None:
+        demo: bool, prometheus: bool) -> None:
     """Everything on one machine: PostgreSQL, the API, workers, the reaper."""
     from runlease.api.auth import ADMIN, TokenRegistry, parse_token_pairs
     from runlease.dev import DevOptions, run_dev, seal_tokens
@@ -149,7 +152,7 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
             raise click.BadParameter(str(exc), param_hint="--admin-token") from None
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
                          workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
-                         admin_token=admin_token, demo=demo)
+                         admin_token=admin_token, demo=demo, prometheus=prometheus)
     sys.exit(asyncio.run(run_dev(options, click.echo)))
 
 
