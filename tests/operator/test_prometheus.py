@@ -1,7 +1,7 @@
 """A real Prometheus (Debian's server, runlease/monitoring) scraping a real
 `runlease api` process, real `runlease worker` processes and the operator,
 with the shipped alert rules (runlease/monitoring/alerts.yaml, the chart's
-PrometheusRule): a kill -9 of workers holding runs makes the lease-expiry
+PrometheusRule): a kill -9 of a worker holding runs makes the lease-expiry
 alert pending or firing, a run that exhausts its attempts the dead-letter
 alert, and every panel query of the shipped Grafana dashboard returns a
 series.
@@ -170,10 +170,10 @@ async def kill_holder(stack: Stack, name: str, held: int) -> None:
     stack.workers[name].kill9()
 
 
-async def test_a_kill_9_of_workers_holding_runs_fires_the_lease_expiry_alert(
+async def test_a_kill_9_of_a_worker_holding_runs_fires_the_lease_expiry_alert(
     db_url: str, tmp_path: Path,
 ) -> None:
-    async with monitored(db_url, tmp_path, None, names=("reaper", "a", "b"),
+    async with monitored(db_url, tmp_path, None, names=("reaper", "a"),
                          operator=False) as stack:
         answer = await asyncio.to_thread(
             httpx.put, f"{stack.api.url}/v1/pools/elsewhere", json={}, timeout=10,
@@ -182,15 +182,12 @@ async def test_a_kill_9_of_workers_holding_runs_fires_the_lease_expiry_alert(
         # The reaper's leader serves another pool: it claims none of these runs.
         stack.worker("reaper", pool="elsewhere", reaper=True)
         stack.worker("a", concurrency=2, reaper=False)
+        # The leader's counters exist at 0 before any reap (services/reaper.py:
+        # a series born at its first value would be no increase to rate()).
+        await stack.series('runlease_reaped_total{pool="default", to="pending"} == 0',
+                           "the reaper's counters scraped before any reap")
         stack.submit({"input": {"steps": [{"sleep": 120}]}}, n=2)
         await kill_holder(stack, "a", 2)
-        # The reaper's counter is born at its first reap: Prometheus sees
-        # that as a new series, not an increase, so a rate needs a second
-        # reap after it (a finding: docs/runbook.md says so).
-        await stack.series('runlease_reaped_total{pool="default"} >= 2',
-                           "the first reaped leases scraped")
-        stack.worker("b", concurrency=2, reaper=False)
-        await kill_holder(stack, "b", 2)
         alert = await stack.alert("RunleaseLeaseExpiriesHigh")
         assert alert["labels"]["pool"] == "default"
         assert float(alert["value"]) > 1
@@ -256,7 +253,7 @@ async def test_every_panel_of_the_dashboard_shows_a_series(
         for tenant in ("acme", "globex"):
             stack.submit({"input": {"steps": [{"sleep": 120}]}}, n=5, tenant=tenant)
         await kill_holder(stack, "a", 2)
-        await stack.series("runlease_reaped_total", "the expired leases reaped and scraped")
+        await stack.series("runlease_reaped_total > 0", "the expired leases reaped and scraped")
         async def all_shown() -> bool:
             return all(stack.prometheus.query(expr) for _, expr in queries)
         try:

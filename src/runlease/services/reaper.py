@@ -43,6 +43,12 @@ class ReapBounds:
     max_batches: int = 20  # statements of one kind in one pass
 
 
+# Where the reaper sends a run (the `to` label of runlease_reaped_total).
+REAPED_TO = ("pending", "dead", "cancelled")
+# The leader lists the pools (for announce_pools) every this many passes.
+POOLS_EVERY_PASSES = 60
+
+
 class Reaper(PeriodicService):
     """The leader's housekeeping pass, every `interval_s`: reaping, retention,
     folding and the economics passes (the module says what each does);
@@ -69,6 +75,8 @@ class Reaper(PeriodicService):
     async def run_once(self) -> None:
         if not self.elector.is_leader:
             return
+        if self._passes % POOLS_EVERY_PASSES == 0:
+            await self.announce_pools()
         await self.reap()
         await self.retain()
         await self.forget_workers()
@@ -88,6 +96,16 @@ class Reaper(PeriodicService):
             if n < self.bounds.batch:
                 break
         return total
+
+    async def announce_pools(self) -> None:
+        """Every pool's reaped counters exist, at 0, before its first reap: a
+        counter series born at its first value is a new series to Prometheus,
+        not an increase, so rate() (the lease-expiry alert) would miss the
+        first burst of expired leases after a leader starts
+        (tests/operator/test_prometheus.py found it)."""
+        for pool in await self.store.list_pools():
+            for to in REAPED_TO:
+                metrics.child(metrics.REAPED, pool.name, to)
 
     async def reap(self) -> int:
         """End the incarnations that stopped renewing and requeue their runs,
