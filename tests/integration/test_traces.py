@@ -209,6 +209,35 @@ def test_a_reclaimed_run_keeps_its_trace_after_kill_9(
         (CALLER_TRACE, submit_span.span_id, 1), (CALLER_TRACE, submit_span.span_id, 2)]
 
 
+def test_a_child_run_joins_its_parents_trace(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    traced_worker(db_url, tmp_path, receiver, processes, "w", concurrency=4,
+                  agent="tests.support.agents:family")
+    parent_id = submit(api, {"input": {"children": 2}}, None)  # a trace of its own
+    until_sync(lambda: status(db_url, parent_id) == "done", timeout_s=60,
+               what="the parent and its children to finish")
+    submit_span = one(receiver.spans(name="submit"))
+    trace = submit_span.trace_id
+
+    def attempts() -> list[ReceivedSpan]:
+        found = receiver.spans(name="attempt")
+        return found if len(found) == 4 else []  # the parent's two (it waited), 2 children
+    spans = until_sync(attempts, timeout_s=30, what="every attempt exported")
+    assert {s.trace_id for s in spans} == {trace}
+    parents = [s for s in spans if s.attributes["runlease.run_id"] == parent_id]
+    children = [s for s in spans if s.attributes["runlease.run_id"] != parent_id]
+    assert [p.attributes["runlease.outcome"] for p in sorted(
+        parents, key=lambda s: s.start_ns)] == ["waiting", "done"]
+    # Each child hangs under the parent's attempt that submitted it.
+    first = min(parents, key=lambda s: s.start_ns)
+    assert [c.parent_span_id for c in children] == [first.span_id] * 2
+    stored = stored_traceparent(db_url, children[0].attributes["runlease.run_id"])
+    assert stored is not None
+    assert stored[:-3] == first.traceparent[:-3]  # the flags as the SDK set them
+
+
 def test_a_malformed_traceparent_is_ignored_never_refused(
     db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
 ) -> None:

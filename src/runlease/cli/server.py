@@ -153,7 +153,14 @@ def dev(database_url: str | None, data_dir: Path, host: str, port: int, workers:
     options = DevOptions(data_dir=data_dir, database_url=database_url, host=host, port=port,
                          workers=workers, concurrency=concurrency, tenant_tokens=tenant_tokens,
                          admin_token=admin_token, demo=demo, prometheus=prometheus)
-    sys.exit(asyncio.run(run_dev(options, click.echo)))
+    # The API runs in this process; the workers, `runlease worker` processes,
+    # set tracing up themselves from the same OTEL_* variables.
+    tracing.setup("runlease-api")
+    try:
+        code = asyncio.run(run_dev(options, click.echo))
+    finally:
+        tracing.shutdown()
+    sys.exit(code)
 
 
 @main.command()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from runlease import tracing
 from runlease.core.states import RunStatus
 from runlease.db.channels import POOL_CHANNEL_PREFIX
 from runlease.db.executor import Conn, stale_writes
@@ -88,9 +89,11 @@ class ChildStore(QueueStore, RateStore):
                 # A child is a submit of the tenant's: its rate and queue
                 # quota count it (issue 32); Throttled reaches the agent.
                 await self.admit_all(child_pool, lease.run.tenant_id, 1, conn=c)
+            # The child joins its parent's trace, as a child of the span
+            # that submitted it (the parent's attempt), when the worker traces.
             result = (await self.enqueue_many(child_pool, [NewRun(
                 lease.run.tenant_id, input, priority, max_attempts, budget,
-                child_key)], conn=c))[0]
+                child_key, traceparent=tracing.current_traceparent())], conn=c))[0]
             if not result.inserted:
                 return result.run
             return await self.set_parent(result.run, lease.run_id, conn=c)
