@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -113,7 +115,7 @@ async def test_one_run_is_one_trace_across_api_worker_and_tool(
     api = traced_api(db_url, tmp_path, receiver, processes)
     worker = traced_worker(
         db_url, tmp_path, receiver, processes, "w", agent="runlease.agents.openai:agent",
-        log_level="debug", extra_env={"RUNLEASE_OPENAI_BASE_URL": fake.base_url,
+        log_level="debug", log_json=True, extra_env={"RUNLEASE_OPENAI_BASE_URL": fake.base_url,
                                       "RUNLEASE_OPENAI_MODEL": "fake-model"})
     run_id = submit(api, {"input": {"messages": [{"role": "user", "content": "hi"}],
                                     "tools": ["shell"]}}, CALLER)
@@ -165,11 +167,14 @@ async def test_one_run_is_one_trace_across_api_worker_and_tool(
     tool_message = next(m for m in fake.requests[1].body["messages"] if m["role"] == "tool")
     assert f"tp={tool.traceparent}" in tool_message["content"]
 
-    # The worker's log lines inside the attempt name the trace and their span.
-    started = [line for line in worker.log().splitlines() if "tool_started" in line]
-    assert started, worker.log()
-    assert f"trace_id={CALLER_TRACE} span_id={tool.span_id}" in started[0] or \
-        f"trace_id={CALLER_TRACE} span_id={attempt.span_id}" in started[0], started
+    # The worker's log lines inside a span name the trace and the span.
+    lines = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]
+    started = [line for line in lines if line["event"] == "tool_started"]
+    assert len(started) == 1, worker.log()
+    assert (started[0]["trace_id"], started[0]["span_id"]) == (CALLER_TRACE, tool.span_id)
+    outside = [line for line in lines if line["event"] == "worker_started"]
+    assert outside
+    assert all("trace_id" not in line for line in outside)
 
 
 async def _async(value: Any) -> Any:
@@ -277,6 +282,33 @@ def test_a_malformed_traceparent_is_ignored_never_refused(
 ])
 def test_parse_traceparent(value: str | None, stored: str | None) -> None:
     assert tracing.parse_traceparent(value) == stored
+
+
+LOGGED_IN_A_SPAN = """
+import logging
+from runlease import logs, tracing
+assert tracing.setup("runlease-test")
+logs.configure("INFO")
+with tracing.span("outer") as span:
+    logging.getLogger("t").info("inside_span key=1")
+    print(tracing.traceparent_of(span), flush=True)
+logging.getLogger("t").info("outside_span key=2")
+tracing.shutdown()
+"""
+
+
+def test_text_log_lines_in_a_span_end_with_its_ids() -> None:
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run([sys.executable, "-c", LOGGED_IN_A_SPAN], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    _, trace_id, span_id, _ = done.stdout.splitlines()[0].split("-")
+    inside = next(line for line in done.stderr.splitlines() if "inside_span" in line)
+    assert inside.endswith(f"inside_span key=1 trace_id={trace_id} span_id={span_id}")
+    outside = next(line for line in done.stderr.splitlines() if "outside_span" in line)
+    assert "trace_id" not in outside
+    assert '"name": "outer"' in done.stdout  # the console exporter wrote the span
 
 
 def test_tracing_is_off_unless_the_environment_asks() -> None:
