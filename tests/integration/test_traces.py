@@ -243,6 +243,24 @@ def test_a_child_run_joins_its_parents_trace(
     assert stored[:-3] == first.traceparent[:-3]  # the flags as the SDK set them
 
 
+def test_a_pool_that_opts_in_sees_its_tools_arguments_redacted(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    traced_worker(db_url, tmp_path, receiver, processes, "w", trace_tool_arguments=True,
+                  agent="runlease.agents.script:agent")
+    script = "echo password=hunter2hunter2 >/dev/null; echo arg-" + "x" * 2000
+    run_id = submit(api, {"input": {"steps": [{"shell": ["sh", "-c", script]}]}}, CALLER)
+    until_sync(lambda: status(db_url, run_id) == "done", timeout_s=60, what="the run done")
+    tool = until_sync(lambda: receiver.spans(name="tool"), timeout_s=30,
+                      what="the tool's span exported")[0]
+    shown = tool.attributes["runlease.tool.arguments"]
+    assert shown.startswith('["sh", "-c", "echo password=')
+    assert "hunter2" not in shown
+    assert len(shown) == 1000  # bounded
+    assert tool.attributes["runlease.tool.exit_code"] == 0
+
+
 def test_a_malformed_traceparent_is_ignored_never_refused(
     db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
 ) -> None:
