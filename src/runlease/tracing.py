@@ -293,6 +293,12 @@ def submitted(submit: _Stored, run_id: object, *, inserted: bool) -> None:
         submit.span.set_attribute("runlease.inserted", inserted)
 
 
+def refused(submit: _Stored, error: BaseException) -> None:
+    """Mark the submit span failed (when the API traces): its error's type only."""
+    if isinstance(submit, _SubmitSpan):
+        submit.span.set_status(error_status(type(error).__name__))
+
+
 def log_ids() -> tuple[str, str] | None:
     """(trace_id, span_id) of the current span for log lines, if any."""
     if not ENABLED:

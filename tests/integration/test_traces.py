@@ -261,6 +261,22 @@ def test_a_pool_that_opts_in_sees_its_tools_arguments_redacted(
     assert tool.attributes["runlease.tool.exit_code"] == 0
 
 
+def test_a_refused_submit_is_a_failed_submit_span(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    headers = {"Authorization": f"Bearer {TOKENS['acme']}", "Idempotency-Key": "k-1",
+               "traceparent": CALLER}
+    answers = [httpx.post(f"{api.url}/v1/runs", json={"input": {"n": n}, **extra},
+                          headers=headers, timeout=10)
+               for n, extra in ((1, {}), (2, {}), (3, {"thread_id": "t"}))]
+    assert [a.status_code for a in answers] == [201, 409, 409]
+    spans = until_sync(lambda: (s := receiver.spans(name="submit")) and len(s) == 3 and s,
+                       timeout_s=30, what="three submit spans")
+    assert sorted(s.status_code for s in spans) == [0, 2, 2]  # the fast path and the route
+    assert {s.parent_span_id for s in spans} == {CALLER_SPAN}
+
+
 def test_a_malformed_traceparent_is_ignored_never_refused(
     db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
 ) -> None:
