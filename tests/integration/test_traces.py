@@ -277,6 +277,28 @@ def test_a_refused_submit_is_a_failed_submit_span(
     assert {s.parent_span_id for s in spans} == {CALLER_SPAN}
 
 
+def test_a_message_taken_by_an_attempt_is_its_span(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    traced_worker(db_url, tmp_path, receiver, processes, "w",
+                  agent="runlease.agents.script:agent")
+    run_id = submit(api, {"input": {"steps": [{"receive": {"timeout_s": 60}}]}}, CALLER)
+    until_sync(lambda: status(db_url, run_id) == "leased", timeout_s=30, what="the run claimed")
+    answer = httpx.post(f"{api.url}/v1/runs/{run_id}/messages", timeout=10,
+                        headers={"Authorization": f"Bearer {TOKENS['acme']}"},
+                        json={"text": "private words"})
+    assert answer.status_code == 202, answer.text
+    until_sync(lambda: status(db_url, run_id) == "done", timeout_s=30, what="the run done")
+    attempt = until_sync(lambda: receiver.spans(name="attempt"), timeout_s=30,
+                         what="the attempt exported")[0]
+    message = one(receiver.spans(name="message"))
+    assert (message.trace_id, message.parent_span_id) == (CALLER_TRACE, attempt.span_id)
+    assert message.attributes == {"runlease.message.seq": 1}
+    # Sent while the attempt ran (by the database's clock), taken inside it.
+    assert message.start_ns <= message.end_ns <= attempt.end_ns
+
+
 def test_a_malformed_traceparent_is_ignored_never_refused(
     db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
 ) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from runlease import tracing
 from runlease.db.models import Lease, Step
 from runlease.db.store import RunStore
 from runlease.errors import RunleaseError
@@ -79,6 +80,8 @@ class Inbox:
         steps[key] = Step(self._lease.run_id, key, message, self._lease.epoch,
                           self._lease.run.attempts, datetime.now(UTC))
         self._taken = seq
+        if tracing.ENABLED:
+            _trace_message(message)
         return message
 
     async def receive(self, timeout_s: float | None, check: Callable[[], Awaitable[None]],
@@ -107,6 +110,18 @@ class Inbox:
         while len(taken) < limit and (message := await self.take()) is not None:
             taken.append(message)
         return taken
+
+
+def _trace_message(message: dict[str, Any]) -> None:
+    """A `message` span (tracing on): from the message's sending to its
+    taking by this attempt, a child of the attempt's span; its place in the
+    inbox, never its text."""
+    try:
+        sent = datetime.fromisoformat(str(message["sent_at"]))
+    except (KeyError, ValueError):
+        return
+    tracing.record_run_span("message", tracing.current_traceparent(), sent,
+                            datetime.now(UTC), {"runlease.message.seq": int(message["seq"])})
 
 
 async def _first(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:
