@@ -327,8 +327,8 @@ def start_prometheus(opts: DevOptions, api_port: int, worker_ports: list[int]
 
 async def export_queue_gauges(api: ApiServer, interval_s: float = SCRAPE_INTERVAL_S) -> None:
     """What the operator exports in a cluster, from the database, on the
-    API's /metrics: runs per pool, tenant and status, dead runs per error
-    code, the oldest ready run's wait (operator/gauges.py)."""
+    API's /metrics: runs per pool, tenant and status (waiting too), dead runs
+    per error code, the oldest ready run's wait (as operator/gauges.py)."""
     exported: set[tuple[str, str, str]] = set()
     dead: set[tuple[str, str]] = set()
     while True:
@@ -343,6 +343,9 @@ async def export_queue_gauges(api: ApiServer, interval_s: float = SCRAPE_INTERVA
                                                 strict=True):
                             metrics.QUEUE_RUNS.labels(pool.name, tenant, state).set(value)
                             now_queue.add((pool.name, tenant, state))
+                    for tenant, value in stats.waiting_by_tenant.items():
+                        metrics.QUEUE_RUNS.labels(pool.name, tenant, "waiting").set(value)
+                        now_queue.add((pool.name, tenant, "waiting"))
                     for code, n in stats.dead_by_code.items():
                         metrics.DEAD_RUNS.labels(pool.name, code or "").set(n)
                         now_dead.add((pool.name, code or ""))

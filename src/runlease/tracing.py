@@ -186,11 +186,13 @@ def record_run_span(name: str, traceparent: str | None, start: datetime, end: da
     """A finished span of a run outside any attempt, timed by the database's
     clock, in the run's trace (child of its stored traceparent).
 
-    The hook for the spans of a run that no attempt holds: `queue.wait`
-    (available to claimed), and `wait.input` (the run went waiting at
-    `start`, its answer came at `end`) and `message` (a message appended at
-    `start`, seen by the holder at `end`) once those exist. Call it where
-    both times are known; a no-op while tracing is off."""
+    The hook for the spans of a run timed by the database: `queue.wait`
+    (available to claimed, worker/attempt_trace.py), `message` (sent at
+    `start`, taken by the attempt at `end`: worker/humans.py passes
+    current_traceparent(), the attempt's, as the parent), and `wait.input`
+    (the run went waiting at `start`, its answer or timeout came at `end`),
+    which whoever ends the wait can record with the run's stored
+    traceparent. A no-op while tracing is off."""
     if not ENABLED:
         return
     span = tracer().start_span(name, context=context_of(traceparent),
@@ -293,6 +295,12 @@ def submitted(submit: _Stored, run_id: object, *, inserted: bool) -> None:
     if isinstance(submit, _SubmitSpan):
         submit.span.set_attribute("runlease.run_id", str(run_id))
         submit.span.set_attribute("runlease.inserted", inserted)
+
+
+def refused(submit: _Stored, error: BaseException) -> None:
+    """Mark the submit span failed (when the API traces): its error's type only."""
+    if isinstance(submit, _SubmitSpan):
+        submit.span.set_status(error_status(type(error).__name__))
 
 
 def log_ids() -> tuple[str, str] | None:

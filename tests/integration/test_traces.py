@@ -243,6 +243,62 @@ def test_a_child_run_joins_its_parents_trace(
     assert stored[:-3] == first.traceparent[:-3]  # the flags as the SDK set them
 
 
+def test_a_pool_that_opts_in_sees_its_tools_arguments_redacted(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    traced_worker(db_url, tmp_path, receiver, processes, "w", trace_tool_arguments=True,
+                  agent="runlease.agents.script:agent")
+    script = "echo password=hunter2hunter2 >/dev/null; echo arg-" + "x" * 2000
+    run_id = submit(api, {"input": {"steps": [{"shell": ["sh", "-c", script]}]}}, CALLER)
+    until_sync(lambda: status(db_url, run_id) == "done", timeout_s=60, what="the run done")
+    tool = until_sync(lambda: receiver.spans(name="tool"), timeout_s=30,
+                      what="the tool's span exported")[0]
+    shown = tool.attributes["runlease.tool.arguments"]
+    assert shown.startswith('["sh", "-c", "echo password=')
+    assert "hunter2" not in shown
+    assert len(shown) == 1000  # bounded
+    assert tool.attributes["runlease.tool.exit_code"] == 0
+
+
+def test_a_refused_submit_is_a_failed_submit_span(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    headers = {"Authorization": f"Bearer {TOKENS['acme']}", "Idempotency-Key": "k-1",
+               "traceparent": CALLER}
+    answers = [httpx.post(f"{api.url}/v1/runs", json={"input": {"n": n}, **extra},
+                          headers=headers, timeout=10)
+               for n, extra in ((1, {}), (2, {}), (3, {"thread_id": "t"}))]
+    assert [a.status_code for a in answers] == [201, 409, 409]
+    spans = until_sync(lambda: (s := receiver.spans(name="submit")) and len(s) == 3 and s,
+                       timeout_s=30, what="three submit spans")
+    assert sorted(s.status_code for s in spans) == [0, 2, 2]  # the fast path and the route
+    assert {s.parent_span_id for s in spans} == {CALLER_SPAN}
+
+
+def test_a_message_taken_by_an_attempt_is_its_span(
+    db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
+) -> None:
+    api = traced_api(db_url, tmp_path, receiver, processes)
+    traced_worker(db_url, tmp_path, receiver, processes, "w",
+                  agent="runlease.agents.script:agent")
+    run_id = submit(api, {"input": {"steps": [{"receive": {"timeout_s": 60}}]}}, CALLER)
+    until_sync(lambda: status(db_url, run_id) == "leased", timeout_s=30, what="the run claimed")
+    answer = httpx.post(f"{api.url}/v1/runs/{run_id}/messages", timeout=10,
+                        headers={"Authorization": f"Bearer {TOKENS['acme']}"},
+                        json={"text": "private words"})
+    assert answer.status_code == 202, answer.text
+    until_sync(lambda: status(db_url, run_id) == "done", timeout_s=30, what="the run done")
+    attempt = until_sync(lambda: receiver.spans(name="attempt"), timeout_s=30,
+                         what="the attempt exported")[0]
+    message = one(receiver.spans(name="message"))
+    assert (message.trace_id, message.parent_span_id) == (CALLER_TRACE, attempt.span_id)
+    assert message.attributes == {"runlease.message.seq": 1}
+    # Sent while the attempt ran (by the database's clock), taken inside it.
+    assert message.start_ns <= message.end_ns <= attempt.end_ns
+
+
 def test_a_malformed_traceparent_is_ignored_never_refused(
     db_url: str, tmp_path: Path, receiver: OtlpReceiver, processes: list[Any],
 ) -> None:

@@ -135,6 +135,7 @@ class FastSubmit:
             try:
                 result = await live.groups.submit(run)
             except Exception as exc:  # the app's handler renders it, or it is raised
+                tracing.refused(traced, exc)
                 state.fast_submits += 1
                 await self._error(scope, receive, send, exc)
                 return True

@@ -105,6 +105,14 @@ class LeaseStore(WorkerStore):
         rows = await self._rows("run_traceparents", {"ids": [run_id]}, conn)
         return str(rows[0]["traceparent"]) if rows else None
 
+    async def traceparents(self, run_ids: Sequence[UUID], *,
+                           conn: Conn | None = None) -> dict[UUID, str]:
+        """The trace context each of these runs was submitted with, where it
+        has one (tracing.py): read by a worker that traces, once per claim
+        batch, apart from the claim, which stays as lean when tracing is off."""
+        rows = await self._rows("run_traceparents", {"ids": list(run_ids)}, conn)
+        return {row["id"]: str(row["traceparent"]) for row in rows}
+
     async def ack(self, lease: Lease, result: Any = None, *, conn: Conn | None = None) -> None:
         """Finish one run. A result that cannot be stored raises ResultRefused
         and writes nothing."""

@@ -125,6 +125,10 @@ class WorkerSettings(ReaperSettings):
         None, "With --no-tool-sandbox: this worker's pool name, written out, to let every "
               "tenant's tools run unsandboxed side by side (an admin's opt-in; they can "
               "then read and signal each other).")
+    trace_tool_arguments: bool = setting(
+        False, "With tracing on (docs/operations.md), each tool's span also names its "
+               "arguments, redacted and at most 1,000 characters (the pool's opt-in: they "
+               "are the tenant's data); never its output.")
     drain_grace_s: float = setting(
         25.0, "On SIGTERM, how long running runs may finish before they are cancelled and "
               "released; keep it below the pod's terminationGracePeriodSeconds.", minimum=0)

@@ -15,11 +15,12 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from runlease import metrics
+from runlease import metrics, tracing
 from runlease.db.models import Lease
 from runlease.db.store import stale_writes
 from runlease.errors import IncarnationEnded, RunleaseError
 from runlease.services.loop import Service, jittered, sleep
+from runlease.worker import attempt_trace
 from runlease.worker.holder import LeaseHolder
 from runlease.worker.incarnation import Incarnation
 
@@ -138,6 +139,8 @@ class ClaimLoop(Service):
             if len(released) < len(leases):
                 stale_writes(h.pool, len(leases) - len(released))
             return 0.0
+        if tracing.ENABLED and leases:
+            await attempt_trace.read_contexts(h.store, leases, conn)
         for lease in leases:
             self.start_run(lease, sent, inc)
         return jittered(self.poll_interval_s) if len(leases) < n else 0.0

@@ -48,6 +48,9 @@ class AttemptTerms:
     # runs may run tools (None: any tenant's, an admin's opt-in).
     sandbox: Sandbox | None = None
     tool_tenant: str | None = None
+    # With tracing on, a tool's span names its arguments (redacted): the
+    # pool's opt-in (settings: trace_tool_arguments).
+    trace_tool_arguments: bool = False
 
     def tools_refused(self, tenant: str) -> str | None:
         if self.sandbox is None and self.tool_tenant not in (None, tenant):
@@ -92,7 +95,8 @@ class RunHandle:
                                 run_env=partial(run_vars, self.rid, lease.run.attempts,
                                                 lease.epoch),
                                 sandbox=terms.sandbox, run_name=f"{self.rid}-{lease.epoch}",
-                                refused=terms.tools_refused(lease.run.tenant_id))
+                                refused=terms.tools_refused(lease.run.tenant_id),
+                                trace_arguments=terms.trace_tool_arguments)
         self.reason: StopReason | None = None
         self.task: asyncio.Task[Any] | None = None
         self.finished = Flag()

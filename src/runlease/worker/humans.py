@@ -22,7 +22,6 @@ NOTIFY (worker.py); it polls as well, since NOTIFY is not durable.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -83,12 +82,7 @@ class Inbox:
                           self._lease.run.attempts, now)
         self._taken = seq
         if tracing.ENABLED:
-            # The `message` span: sent, then taken, a child of this attempt's span.
-            with contextlib.suppress(ValueError, TypeError):
-                sent = datetime.fromisoformat(str(message.get("sent_at")))
-                tracing.record_run_span("message", tracing.current_traceparent(), sent, now,
-                                        {"runlease.run_id": str(self._lease.run_id),
-                                         "runlease.message.seq": seq})
+            _trace_message(message)
         return message
 
     async def receive(self, timeout_s: float | None, check: Callable[[], Awaitable[None]],
@@ -117,6 +111,18 @@ class Inbox:
         while len(taken) < limit and (message := await self.take()) is not None:
             taken.append(message)
         return taken
+
+
+def _trace_message(message: dict[str, Any]) -> None:
+    """A `message` span (tracing on): from the message's sending to its
+    taking by this attempt, a child of the attempt's span; its place in the
+    inbox, never its text."""
+    try:
+        sent = datetime.fromisoformat(str(message["sent_at"]))
+    except (KeyError, ValueError):
+        return
+    tracing.record_run_span("message", tracing.current_traceparent(), sent,
+                            datetime.now(UTC), {"runlease.message.seq": int(message["seq"])})
 
 
 async def _first(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:

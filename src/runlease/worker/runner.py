@@ -300,7 +300,7 @@ class Runner:
     async def _traced_agent(self, ctx: RunContext, handle: RunHandle) -> Any:
         """_agent inside the attempt's span (tracing on only): the agent's
         model turns and tools are its children."""
-        handle.trace = await attempt_trace.begin(self.store, handle.lease)
+        handle.trace = attempt_trace.begin(handle.lease)
         return await self._agent(ctx)
 
     async def _agent(self, ctx: RunContext) -> Any:

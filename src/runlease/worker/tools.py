@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import os
 import shutil
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runlease import tracing
+from runlease import logs, tracing
 from runlease.worker import toolenv
 from runlease.worker.errors import FatalError, RunCancelled, ToolTimeout
 from runlease.worker.sandbox import INSIDE_TMP, INSIDE_WORK, Sandbox, give_back
@@ -215,6 +216,10 @@ async def _status(fd: int) -> str:
         transport.close()
 
 
+# The most of a tool's arguments a span shows (when the pool opts in).
+TRACED_ARGUMENTS_CHARS = 1000
+
+
 class ToolRunner:
     """Runs one run's tools; knows how hard to stop them.
 
@@ -232,6 +237,7 @@ class ToolRunner:
         sandbox: Sandbox | None = None,
         run_name: str = "",
         refused: str | None = None,
+        trace_arguments: bool = False,
     ) -> None:
         """`run_env` may be a function: made at the first tool (most runs
         have none, and a busy worker makes a ToolRunner per run). With a
@@ -245,6 +251,7 @@ class ToolRunner:
         self.sandbox = sandbox
         self.run_name = run_name
         self.refused = refused
+        self.trace_arguments = trace_arguments
         self._run_dir: Path | None = None
         self.hard = False  # lease lost or self-fenced: SIGKILL at once
         self.live: set[asyncio.subprocess.Process] = set()
@@ -307,12 +314,17 @@ class ToolRunner:
     async def _traced(self, argv: Sequence[str], tool_env: dict[str, str],
                       timeout_s: float | None, cwd: str | None, on_output: OnOutput | None,
                       started: float) -> ToolResult:
-        """_run inside a `tool` span: the command's name (never its arguments
-        or output), its exit code and duration; the tool gets TRACEPARENT
-        naming the span, so its own spans join the run's trace."""
+        """_run inside a `tool` span: the command's name, its exit code and
+        duration (its arguments, redacted and bounded, only when the pool
+        opts in; never its output); the tool gets TRACEPARENT naming the
+        span, so its own spans join the run's trace."""
         with tracing.span("tool", {"runlease.tool.command": os.path.basename(argv[0])[:200]}
                           ) as span:
             assert span is not None
+            if self.trace_arguments:
+                shown = logs.redact(json.dumps(list(argv), ensure_ascii=False))
+                span.set_attribute("runlease.tool.arguments",
+                                   shown[:TRACED_ARGUMENTS_CHARS])
             tool_env["TRACEPARENT"] = tracing.traceparent_of(span)
             result = await self._run(argv, tool_env, timeout_s, cwd, on_output, started)
             span.set_attributes({"runlease.tool.exit_code": result.returncode,

@@ -150,7 +150,8 @@ class Worker:
         self.terms = AttemptTerms(s.lease_s, s.margin_s, s.cancel_grace_s, s.tool_kill_grace_s,
                                   self.tool_grant, self.clock, sandbox=self.sandbox,
                                   tool_tenant=(None if s.unsandboxed_pool == s.pool
-                                               else s.tool_tenant))
+                                               else s.tool_tenant),
+                                  trace_tool_arguments=s.trace_tool_arguments)
         self.holder = holder = LeaseHolder(
             self.store, self.url, self.identity, pool=s.pool, lease_s=s.lease_s,
             prepare=s.prepared_statements, clock=self.clock,
