@@ -82,3 +82,44 @@ def test_an_example_agent_runs_against_the_scripted_model(stack: AgentDev) -> No
     assert tail.returncode == 0, tail.stderr
     assert "weather" in tail.stdout
     assert "book_table" in tail.stdout
+
+
+@pytest.fixture
+def graph_stack() -> Iterator[AgentDev]:
+    d = AgentDev("examples.langgraph_agent:graph")
+    try:
+        d.start()
+        yield d
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.send_signal(signal.SIGINT)
+            try:
+                d.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                d.proc.wait(10)
+        for pid in postgres_pids(d.dir):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_langgraph_example_runs_against_the_scripted_model(graph_stack: AgentDev) -> None:
+    """The LangGraph example through `runlease dev --agent`: checkpointed in
+    the dev stack's PostgreSQL, its `publish` tool's interrupt() answered
+    with the CLI."""
+    stack = graph_stack
+    run = stack.json("runs", "submit", "--input", '{"messages": [{"role": "user", '
+                     '"content": "Count the words of \'ship it now\' and publish it"}]}')["id"]
+
+    def status() -> str:
+        return str(stack.json("runs", "show", run)["status"])
+    until_sync(lambda: status() == "waiting", timeout_s=90,
+               what=f"the run to wait for its approval ({stack.log.read_text()[-2000:]})")
+    asked = stack.json("runs", "input", run)
+    (request,) = asked if isinstance(asked, list) else asked["items"]
+    assert "Publish" in request["prompt"]
+    answered = stack.cli("runs", "input", run, "--name", request["name"], "--value", "true")
+    assert answered.returncode == 0, answered.stderr
+    until_sync(lambda: status() == "done", timeout_s=90,
+               what=f"the run to finish ({stack.log.read_text()[-2000:]})")
+    result = str(stack.json("runs", "show", run)["result"])
+    assert "published" in result
