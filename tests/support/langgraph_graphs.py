@@ -60,7 +60,7 @@ async def slow(state: State) -> dict[str, Any]:
 
 async def process(state: State) -> dict[str, Any]:
     """A tool process through the run's context: a Stop ends its group."""
-    from runlease.integrations import run_context
+    from runlease.integrations.running import run_context
 
     _record(state, "process-started")
     pidfile = Path(state["log"]).with_name("pid")

@@ -55,7 +55,7 @@ agent = Agent(name="travel", instructions="You book trips.", tools=[lookup, book
 @function_tool
 async def run_command(script: str) -> str:
     """Run a shell script on the worker (a process whose group a Stop kills)."""
-    from runlease.integrations import run_context
+    from runlease.integrations.running import run_context
 
     result = await run_context().run_tool(["sh", "-c", script], timeout_s=120)
     return result.stdout

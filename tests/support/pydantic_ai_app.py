@@ -54,7 +54,7 @@ async def delete_file(path: str) -> str:
 @agent.tool_plain
 async def run_command(script: str) -> str:
     """Run a shell script on the worker (a process whose group a Stop kills)."""
-    from runlease.integrations import run_context
+    from runlease.integrations.running import run_context
 
     result = await run_context().run_tool(["sh", "-c", script], timeout_s=120)
     return result.stdout

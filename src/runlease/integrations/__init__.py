@@ -12,45 +12,20 @@ Each adapter is an optional extra (`pip install 'runlease[openai-agents]'`,
 `[pydantic-ai]`, `[langgraph]`), imported only when an object of its library
 is named: the core never imports these libraries. The object's type's module
 says which library it comes from, so adapting imports nothing it does not need.
+A library agent's tool or a graph's node reaches the run through
+runlease.integrations.running.run_context(). This module imports nothing of
+the worker: the settings, which the operator reads too, import it.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runlease.errors import SettingsError
 
-if TYPE_CHECKING:
-    from runlease.worker import RunContext
-
 Agent = Callable[[Any], Awaitable[Any]]
-
-# The run whose adapted agent is running, in the agent's task and the tasks
-# it starts (a library's tool calls): one for every adapter.
-_current: ContextVar[RunContext | None] = ContextVar("runlease_run", default=None)
-
-
-def run_context() -> RunContext:
-    """The RunContext of the run whose agent is calling, from a library
-    agent's tool or a graph's node: `await run_context().run_tool(["make",
-    "test"])` runs a process the worker sandboxes and whose whole group a
-    Stop kills; `run_context().step(key, fn)` is a durable step. LookupError
-    outside a run."""
-    ctx = _current.get()
-    if ctx is None:
-        raise LookupError("run_context() is for code that a runlease worker runs "
-                          "(a library agent's tool, a graph's node)")
-    return ctx
-
-
-def bind(ctx: RunContext) -> None:
-    """The adapter's agent task runs `ctx`'s run: run_context() answers it
-    there and in every task started from it (set in the agent's own task,
-    so the binding ends with it)."""
-    _current.set(ctx)
 
 # The library's top-level package (of the object's type) -> its adapter module.
 ADAPTERS = {

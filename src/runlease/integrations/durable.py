@@ -31,7 +31,7 @@ from runlease.agents.openai.failures import outcome
 from runlease.agents.openai.scrub import Secrets, StreamScrubber
 from runlease.agents.openai.tools import EVENT_TEXT_CHARS
 from runlease.agents.openai.usage import _count
-from runlease.integrations import bind
+from runlease.integrations.running import bind
 from runlease.worker import FatalError, RunCancelled, RunContext
 from runlease.worker.toolenv import worker_environ
 

@@ -65,7 +65,7 @@ from langgraph.types import Command, Interrupt
 
 from runlease.db.checkpoints import MAX_LIST, StoredCheckpoint
 from runlease.errors import SettingsError, ValidationError
-from runlease.integrations import bind
+from runlease.integrations.running import bind
 from runlease.worker import FatalError, RunCancelled, RunContext
 
 EVENT_TEXT_CHARS = 8192  # as the OpenAI agent: events stay well inside their bound
