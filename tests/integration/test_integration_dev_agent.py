@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -38,9 +39,9 @@ class AgentDev(Dev):
         until_sync(self.ready, timeout_s=60, what="runlease dev to serve")
 
 
-@pytest.fixture(params=["examples.openai_agents_agent:agent", "examples.pydantic_ai_agent:agent"])
-def stack(request: pytest.FixtureRequest) -> Iterator[AgentDev]:
-    d = AgentDev(request.param)
+@contextmanager
+def agent_dev(agent: str) -> Iterator[AgentDev]:
+    d = AgentDev(agent)
     try:
         d.start()
         yield d
@@ -54,6 +55,12 @@ def stack(request: pytest.FixtureRequest) -> Iterator[AgentDev]:
                 d.proc.wait(10)
         for pid in postgres_pids(d.dir):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(params=["examples.openai_agents_agent:agent", "examples.pydantic_ai_agent:agent"])
+def stack(request: pytest.FixtureRequest) -> Iterator[AgentDev]:
+    with agent_dev(request.param) as d:
+        yield d
 
 
 def test_an_example_agent_runs_against_the_scripted_model(stack: AgentDev) -> None:
@@ -86,20 +93,8 @@ def test_an_example_agent_runs_against_the_scripted_model(stack: AgentDev) -> No
 
 @pytest.fixture
 def graph_stack() -> Iterator[AgentDev]:
-    d = AgentDev("examples.langgraph_agent:graph")
-    try:
-        d.start()
+    with agent_dev("examples.langgraph_agent:graph") as d:
         yield d
-    finally:
-        if d.proc is not None and d.proc.poll() is None:
-            d.proc.send_signal(signal.SIGINT)
-            try:
-                d.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                d.proc.kill()
-                d.proc.wait(10)
-        for pid in postgres_pids(d.dir):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_the_langgraph_example_runs_against_the_scripted_model(graph_stack: AgentDev) -> None:

@@ -28,6 +28,19 @@ def _json_value(text: str) -> Any:
         return text
 
 
+def _json_object(text: str | None, option: str) -> dict[str, Any] | None:
+    """An option's JSON object (None when not given); a usage error otherwise."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=option)
+    return value
+
+
 INPUT_COLUMNS = (
     printing.Column("NAME", lambda r: r["name"]),
     printing.Column("OPEN", lambda r: "yes" if r["open"] else "no"),
@@ -79,14 +92,7 @@ def message(api_url: str, token: str, as_json: bool, run_id: str, text: str,
             data: str | None) -> None:
     """Send a running run a message: its agent gets it at its next turn. A
     run waiting for free-text input takes it as the answer and resumes."""
-    extra = None
-    if data is not None:
-        try:
-            extra = json.loads(data)
-        except ValueError as exc:
-            raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
-        if not isinstance(extra, dict):
-            raise click.BadParameter("must be a JSON object", param_hint="--data")
+    extra = _json_object(data, "--data")
     with client(api_url, token) as api:
         rid = terminal_run_id(api, run_id)
         sent = api.send_message(rid, text, extra)
@@ -131,14 +137,7 @@ def messages(api_url: str, token: str, as_json: bool, run_id: str, after: int) -
 def rerun(api_url: str, token: str, as_json: bool, run_id: str, from_step: str | None,
           input_json: str | None) -> None:
     """Run a run again as a new run (same tenant, pool and thread)."""
-    new_input = None
-    if input_json is not None:
-        try:
-            new_input = json.loads(input_json)
-        except ValueError as exc:
-            raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
-        if not isinstance(new_input, dict):
-            raise click.BadParameter("must be a JSON object", param_hint="--input")
+    new_input = _json_object(input_json, "--input")
     with client(api_url, token) as api:
         run = api.rerun(terminal_run_id(api, run_id), from_step=from_step, input=new_input)
     if as_json:
