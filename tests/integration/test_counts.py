@@ -195,6 +195,7 @@ async def test_a_large_fold_gives_the_emptied_pages_back(live_store: RunStore,
     # keep the truncation from its lock (seen once in CI: 115 pages left).
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("ALTER TABLE agent_run_count_deltas SET (autovacuum_enabled = false)")
+    pages: list[int] = []
     for _ in range(6):  # past the prepared-statement threshold as well
         # A tenant per run: a claim appends a delta per tenant of its runs.
         await store.enqueue_many("default", [NewRun(f"t{i}", {}) for i in range(5_200)])
@@ -202,7 +203,14 @@ async def test_a_large_fold_gives_the_emptied_pages_back(live_store: RunStore,
             await store.claim("default", "w", 1_000)
         assert await store.fold_counts() >= 5_000
         await check(store, db_url, None)
-    with psycopg.connect(db_url) as conn:
-        pages = conn.execute("SELECT pg_relation_size('agent_run_count_deltas') / 8192"
-                             ).fetchone()
-    assert pages == (0,)
+        with psycopg.connect(db_url) as conn:
+            row = conn.execute("SELECT pg_relation_size('agent_run_count_deltas') / 8192"
+                               ).fetchone()
+            assert row is not None
+            pages.append(int(row[0]))
+    # A VACUUM gives the trailing pages back only if it gets the table's
+    # exclusive lock at once; on a loaded server one round in six may keep
+    # its pages (seen in CI: 116 left). Without the fold's VACUUM no round
+    # ends empty and the pages pile up round after round.
+    assert pages.count(0) >= 5, pages
+    assert max(pages) <= 200, pages

@@ -412,9 +412,16 @@ async def test_a_wait_for_input_and_a_message_are_spans_of_the_runs_trace(
     assert sent.status_code == 202, sent.text
     await until(lambda: _async(status(db_url, run_id) == "done"), timeout_s=60,
                 what="the run to finish")
-    await until(lambda: _async({"wait.input", "message"} <= {
-        s.name for s in receiver.spans(trace_id=CALLER_TRACE)}), timeout_s=30,
-        what="the wait and message spans exported")
+    def exported() -> bool:
+        # The attempt holding the message ends (and is exported) after the
+        # run is done: wait for it too, not only for the two spans.
+        spans = receiver.spans(trace_id=CALLER_TRACE)
+        messages = [s for s in spans if s.name == "message"]
+        return ("wait.input" in {s.name for s in spans} and len(messages) == 1
+                and messages[0].parent_span_id in {s.span_id for s in spans
+                                                   if s.name == "attempt"})
+    await until(lambda: _async(exported()), timeout_s=30,
+                what="the wait and message spans and their attempt exported")
     spans = receiver.spans(trace_id=CALLER_TRACE)
     wait = one([s for s in spans if s.name == "wait.input"])
     assert wait.service == "runlease-api"
