@@ -256,6 +256,11 @@ class ToolRunner:
         self.hard = False  # lease lost or self-fenced: SIGKILL at once
         self.live: set[asyncio.subprocess.Process] = set()
 
+    @property
+    def holds_files(self) -> bool:
+        """Whether a tool of this attempt made the run's directory (close removes it)."""
+        return self._run_dir is not None and self.sandbox is not None
+
     def close(self) -> None:
         """The attempt has ended: the run's directory goes (its tools are gone)."""
         if self._run_dir is not None and self.sandbox is not None:

@@ -347,7 +347,10 @@ class Worker:
             del self.held[handle.run_id]
         handle.ended.set()
         # Its sandbox's directory, off the loop: up to the disk limit's worth.
-        self._spawn(asyncio.to_thread(handle.tools.close))
+        # Most attempts ran no tool and made none: no thread hop for them (a
+        # hop per run was a fifth of a no-op drain's worker CPU).
+        if handle.tools.holds_files:
+            self._spawn(asyncio.to_thread(handle.tools.close))
         # Its task is done with: a failed agent's traceback reaches the handle
         # (through the context's fence), a cycle only the collector would free.
         handle.task = None
