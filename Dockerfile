@@ -40,7 +40,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # it never becomes a layer of this image.
 RUN --mount=type=bind,from=build,source=/dist,target=/dist \
     python -m venv "$VIRTUAL_ENV" \
-    && "$VIRTUAL_ENV/bin/pip" install --no-compile "$(echo /dist/*.whl)[openai]" \
+    && "$VIRTUAL_ENV/bin/pip" install --no-compile "$(echo /dist/*.whl)[openai,otel]" \
     && "$VIRTUAL_ENV/bin/pip" check \
     && runlease --version
 # bubblewrap: every tool call runs in a sandbox of its own (worker/sandbox.py,

@@ -25,6 +25,7 @@ import yaml
 
 from runlease.db.embedded import free_port
 from tests.image.engine import Engine, configured
+from tests.support.otlp import OtlpReceiver
 from tests.support.waiting import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,8 +143,14 @@ def containers(engine: Engine) -> Iterator[str]:
         engine("rm", "-f", f"{prefix}-{role}", check=False)
 
 
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as r:
+        yield r
+
+
 def test_a_run_through_the_api_and_worker_containers(
-    engine: Engine, empty_db_url: str, containers: str,
+    engine: Engine, empty_db_url: str, containers: str, receiver: OtlpReceiver,
 ) -> None:
     db = ("-e", f"RUNLEASE_DATABASE_URL={empty_db_url}", "-e", "RUNLEASE_LOG_JSON=true")
     # The chart's migrations Job: the schema from nothing.
@@ -167,6 +174,9 @@ def test_a_run_through_the_api_and_worker_containers(
         "-e", "RUNLEASE_AGENT=runlease.agents.script:agent",
         "-e", f"RUNLEASE_METRICS_PORT={metrics_port}",
         "-e", f"RUNLEASE_DRAIN_GRACE_S={DRAIN_GRACE_S}",
+        # The image has the otel extra: its worker exports its spans (to
+        # the test's receiver, on the host's network) when asked to.
+        *(part for k, v in receiver.env().items() for part in ("-e", f"{k}={v}")),
         args=["worker"],
     ) as worker_name:
         def logs() -> str:
@@ -202,6 +212,16 @@ def test_a_run_through_the_api_and_worker_containers(
                                     " AND step_key = '2'", (run_id,)).fetchone()
             assert pid1 is not None
             assert "bwrap" in pid1[0]["stdout"], pid1
+            attempt = until_sync(lambda: receiver.spans(name="attempt"), timeout_s=30,
+                                 what=f"the worker's attempt span exported\n{logs()}")[0]
+            assert attempt.service == "runlease-worker"
+            assert attempt.attributes["runlease.run_id"] == run_id
+            # Its tools' spans are the attempt's children (the API traces
+            # nothing here: the attempt is the trace's root).
+            tools = until_sync(lambda: len(t := receiver.spans(
+                name="tool", trace_id=attempt.trace_id)) == 2 and t, timeout_s=30,
+                what=f"the tool spans exported\n{logs()}")
+            assert {t.parent_span_id for t in tools} == {attempt.span_id}
 
             # A run in flight when the worker gets SIGTERM: released within
             # the drain grace (its tool killed), and the container exits by
