@@ -210,7 +210,8 @@ async def test_a_large_fold_gives_the_emptied_pages_back(live_store: RunStore,
             pages.append(int(row[0]))
     # A VACUUM gives the trailing pages back only if it gets the table's
     # exclusive lock at once; on a loaded server one round in six may keep
-    # its pages (seen in CI: 116 left). Without the fold's VACUUM no round
-    # ends empty and the pages pile up round after round.
+    # its pages (seen in CI: 116 left, a round's deltas) or skip the table
+    # (SKIP_LOCKED: two rounds' worth until the next). Without the fold's
+    # VACUUM no round ends empty and the pages pile up round after round.
     assert pages.count(0) >= 5, pages
-    assert max(pages) <= 200, pages
+    assert max(pages) < 350, pages
