@@ -94,26 +94,9 @@ UNION ALL
 
 
 -- name: console_usage
--- Usage per UTC day, tenant and pool between two days (inclusive): the
--- daily rollup plus the log not folded yet, as usage_report (usage.sql)
--- reads them; bounded.
-WITH bounds AS (
-    SELECT %(from)s::date::timestamp AT TIME ZONE 'UTC' AS lo,
-           (%(to)s::date + 1)::timestamp AT TIME ZONE 'UTC' AS hi
-), rows AS (
-    SELECT d.tenant_id, d.pool, d.day, d.input_tokens, d.output_tokens, d.cost, d.records
-      FROM agent_usage_daily d
-     WHERE d.day BETWEEN %(from)s::date AND %(to)s::date
-       AND (%(tenant)s::text IS NULL OR d.tenant_id = %(tenant)s::text)
-       AND (%(pool)s::text IS NULL OR d.pool = %(pool)s::text)
-    UNION ALL
-    SELECT l.tenant_id, l.pool, (l.created_at AT TIME ZONE 'UTC')::date, l.input_tokens,
-           l.output_tokens, l.cost, 1
-      FROM agent_run_usage_log l, bounds b
-     WHERE l.created_at >= b.lo AND l.created_at < b.hi
-       AND (%(tenant)s::text IS NULL OR l.tenant_id = %(tenant)s::text)
-       AND (%(pool)s::text IS NULL OR l.pool = %(pool)s::text)
-)
+-- Usage per UTC day, tenant and pool between two days (inclusive), read as
+-- usage_report reads it ({{usage_rows}}); bounded.
+WITH {{usage_rows}}
 SELECT r.day, r.tenant_id, r.pool,
        sum(r.input_tokens)::bigint AS input_tokens,
        sum(r.output_tokens)::bigint AS output_tokens,

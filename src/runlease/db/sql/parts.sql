@@ -123,3 +123,28 @@ doomed AS (
      WHERE l.tenant_id = deleted.tenant_id AND l.key = d.key AND l.value = d.value
        AND l.run_id = deleted.id
 )
+
+
+-- part: usage_rows
+-- Usage records between the UTC days %(from)s and %(to)s (inclusive), of
+-- %(tenant)s and %(pool)s when given (NULL: all): the daily rollup plus the
+-- log not folded yet, in one snapshot (a row being folded is counted once).
+-- CTEs `bounds` and `rows` (tenant_id, pool, day, input_tokens,
+-- output_tokens, cost, records).
+bounds AS (
+    SELECT %(from)s::date::timestamp AT TIME ZONE 'UTC' AS lo,
+           (%(to)s::date + 1)::timestamp AT TIME ZONE 'UTC' AS hi
+), rows AS (
+    SELECT d.tenant_id, d.pool, d.day, d.input_tokens, d.output_tokens, d.cost, d.records
+      FROM agent_usage_daily d
+     WHERE d.day BETWEEN %(from)s::date AND %(to)s::date
+       AND (%(tenant)s::text IS NULL OR d.tenant_id = %(tenant)s::text)
+       AND (%(pool)s::text IS NULL OR d.pool = %(pool)s::text)
+    UNION ALL
+    SELECT l.tenant_id, l.pool, (l.created_at AT TIME ZONE 'UTC')::date, l.input_tokens,
+           l.output_tokens, l.cost, 1
+      FROM agent_run_usage_log l, bounds b
+     WHERE l.created_at >= b.lo AND l.created_at < b.hi
+       AND (%(tenant)s::text IS NULL OR l.tenant_id = %(tenant)s::text)
+       AND (%(pool)s::text IS NULL OR l.pool = %(pool)s::text)
+)

@@ -66,26 +66,9 @@ SELECT count(*) AS moved FROM moved;
 
 
 -- name: usage_report
--- Usage between two UTC days (inclusive), grouped by tenant, pool or day:
--- the rollup plus what the log holds that is not folded yet (one snapshot,
--- so a row being folded is counted once).
-WITH bounds AS (
-    SELECT %(from)s::date::timestamp AT TIME ZONE 'UTC' AS lo,
-           (%(to)s::date + 1)::timestamp AT TIME ZONE 'UTC' AS hi
-), rows AS (
-    SELECT d.tenant_id, d.pool, d.day, d.input_tokens, d.output_tokens, d.cost, d.records
-      FROM agent_usage_daily d
-     WHERE d.day BETWEEN %(from)s::date AND %(to)s::date
-       AND (%(tenant)s::text IS NULL OR d.tenant_id = %(tenant)s::text)
-       AND (%(pool)s::text IS NULL OR d.pool = %(pool)s::text)
-    UNION ALL
-    SELECT l.tenant_id, l.pool, (l.created_at AT TIME ZONE 'UTC')::date, l.input_tokens,
-           l.output_tokens, l.cost, 1
-      FROM agent_run_usage_log l, bounds b
-     WHERE l.created_at >= b.lo AND l.created_at < b.hi
-       AND (%(tenant)s::text IS NULL OR l.tenant_id = %(tenant)s::text)
-       AND (%(pool)s::text IS NULL OR l.pool = %(pool)s::text)
-)
+-- Usage between two UTC days (inclusive), grouped by tenant, pool or day
+-- ({{usage_rows}}: the rollup plus the log not folded yet).
+WITH {{usage_rows}}
 SELECT CASE %(group_by)s::text WHEN 'tenant' THEN r.tenant_id
                                WHEN 'pool' THEN r.pool
                                ELSE r.day::text END AS key,
