@@ -8,3 +8,8 @@
 
 pytest_plugins = ("tests.support.databases", "tests.support.api_fixtures",
                   "tests.support.pgbouncer_fixtures")
+
+import pytest  # noqa: E402
+
+# Helpers that assert on behalf of tests (their failures show the values).
+pytest.register_assert_rewrite("tests.support.library_agents")
