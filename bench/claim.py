@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,10 @@ UPDATE seed_agent_runs
 
 
 # The seed's statements on agent_runs: what the schema alone costs. The
-# claim reads the pool's fair order (agent_runs_claim_idx) and bumps the
+# claim reads the pool's fair order (agent_runs_claim_idx: it states the
+# index's marker predicate, fair_seq >= 0, as runlease_claim does; without
+# it no index gives that order and this measured a sort, not the schema: a
+# third of its figure until 2026-12-07) and bumps the
 # fencing epoch (the lease itself is the holder's row of agent_run_workers
 # since migration 0015: no lease time on the run, as runlease_claim); the ack
 # ends the lease as the CHECKs require. The counts'
@@ -108,7 +112,8 @@ UPDATE seed_agent_runs
 SCHEMA_CLAIM = """
 WITH cte AS (
   SELECT id FROM agent_runs
-   WHERE pool = 'bench' AND status = 'pending' AND NOT delayed AND available_at <= now()
+   WHERE pool = 'bench' AND status = 'pending' AND NOT delayed AND fair_seq >= 0
+     AND available_at <= now()
    ORDER BY fair_seq, id
    FOR UPDATE SKIP LOCKED
    LIMIT %(n)s
@@ -259,9 +264,11 @@ def load_store(url: str, jobs: int, limits: bool = False, pool: str = "bench",
 
 
 def measure(url: str, kind: str, k: int, batch: int, jobs: int,
-            stats: str = "analyzed") -> float:
+            stats: str = "analyzed", before_claim: Callable[[], None] | None = None) -> float:
     """Jobs/s of k claimers of `kind` draining `jobs` runs loaded under `stats`
-    (STATS_STATES: the planner's statistics when the load lands)."""
+    (STATS_STATES: the planner's statistics when the load lands);
+    `before_claim` is called once the load is done, before the claimers
+    start (bench/ceiling.py reads the CPU counters there)."""
     if kind in ("raw", "raw_async"):
         load_seed(url, jobs, stats)
         target = raw_claimer if kind == "raw" else raw_async_claimer
@@ -271,6 +278,8 @@ def measure(url: str, kind: str, k: int, batch: int, jobs: int,
     else:
         load_store(url, jobs, limits=(kind == "limits"), stats=stats)
         target = store_claimer
+    if before_claim is not None:
+        before_claim()
     elapsed, counts = timed_processes(target, lambda i: (url, f"bench-{i}", batch), k)
     if sum(counts) != jobs:
         raise SystemExit(f"{kind} K={k} batch={batch}: processed {sum(counts)} of {jobs}")
