@@ -12,4 +12,4 @@ pytest_plugins = ("tests.support.databases", "tests.support.api_fixtures",
 import pytest  # noqa: E402
 
 # Helpers that assert on behalf of tests (their failures show the values).
-pytest.register_assert_rewrite("tests.support.library_agents")
+pytest.register_assert_rewrite("tests.support.library_agents", "tests.support.old_schema")

@@ -14,33 +14,35 @@ clock moved by hand (ManualClock) past each carried lease's expiry.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import cache
-from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from runlease.clock import ManualClock
-from runlease.db import queries
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
 from runlease.db.connect import make_conn_pool
-from runlease.db.migrate import FUNCTIONS_VERSION, migrate, migrations
+from runlease.db.migrate import migrate, migrations
 from runlease.db.models import Lease
 from runlease.db.store import Registration, RunStore
 from runlease.errors import IncarnationEnded, LeaseLost, RunleaseError
 from tests.integration.test_schema import schema_dump
+from tests.support.old_schema import (
+    FIXTURES,
+    OldStatements,
+    counts_consistent,
+    migrate_to,
+    snapshot,
+)
 from tests.support.waiting import until_sync
 
-OLD = Path(__file__).resolve().parents[1] / "fixtures" / "schema_0014"
+OLD = FIXTURES / "schema_0014"
 CARRIED, LAPSED = ":0015", ":0015-lapsed"
 UNSET = UUID(int=0)  # a Fleet's run not written yet
 
@@ -48,54 +50,16 @@ UNSET = UUID(int=0)  # a Fleet's run not written yet
 SINCE_0015 = list(range(15, len(migrations()) + 1))
 
 
-@cache
-def old_statements() -> dict[str, str]:
-    """The named statements of the runlease of schema 0014, parts filled in
-    as its db/queries.py did."""
-    names: dict[str, str] = {}
-    parts: dict[str, str] = {}
-    for path in sorted(OLD.glob("*.sql")):
-        if path.name == "functions.sql":
-            continue
-        # The loader's own splitter: the same rules as the old one.
-        sections = queries._sections(path.read_text(encoding="utf-8"), path.name)
-        names |= sections["name"]
-        parts |= sections["part"]
-    return {n: queries.fill(text, parts, n) for n, text in names.items()}
-
-
 def migrate_to_0014(url: str) -> None:
     """Migrations 0001..0014 and the functions.sql of their time, applied
     and recorded as the runlease of e0156f2 did."""
-    known = migrations()
-    assert (known[14].version, known[14].name) == (15, "lease_per_worker")
-    functions_sql = (OLD / "functions.sql").read_text(encoding="utf-8")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE runlease_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-            " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        with conn.transaction():
-            recorded = [(m.version, m.name, m.sql) for m in known[:14]]
-            for _, _, sql in recorded:
-                conn.execute(sql)
-            conn.execute(functions_sql)
-            for version, name, sql in [*recorded, (FUNCTIONS_VERSION, "functions", functions_sql)]:
-                conn.execute(
-                    "INSERT INTO runlease_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                    (version, name, hashlib.sha256(sql.encode()).hexdigest()),
-                )
+    migrate_to(url, OLD, 14, "finished_runs_by_tenant")
 
 
-class OldCode:
+class OldCode(OldStatements):
     """The runlease of schema 0014, through its own statements."""
 
-    def __init__(self, url: str) -> None:
-        self.conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
-
-    def run(self, name: str, now: datetime | None, **params: Any) -> list[dict[str, Any]]:
-        cur = self.conn.execute(old_statements()[name], params | {"now": now})
-        return cur.fetchall() if cur.description is not None else []
+    folder = OLD
 
     def enqueue(self, now: datetime, n: int, *, tenant: str = "acme", **extra: Any) -> list[UUID]:
         runs = [
@@ -268,37 +232,6 @@ def populate(old: OldCode) -> Fleet:
     fleet.pending = old.enqueue(now, 3, tenant="globex")
     (fleet.delayed,) = old.enqueue(now, 1, delay_s=3600)
     return fleet
-
-
-def snapshot(url: str) -> dict[UUID, tuple[Any, ...]]:
-    """Each run: status, attempts, epoch, cancel requested, error code, delayed."""
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT id, status, attempts, lease_epoch, cancel_requested_at IS NOT NULL,"
-            " error_code, delayed FROM agent_runs"
-        ).fetchall()
-    return {r[0]: tuple(r[1:]) for r in rows}
-
-
-def counts_consistent(url: str) -> None:
-    """agent_run_counts plus its deltas equal what count(*) finds."""
-    with psycopg.connect(url) as conn:
-        kept = conn.execute(
-            "SELECT pool, tenant_id, state, error_code, sum(n)::int FROM"
-            " (SELECT pool, tenant_id, state, error_code, n FROM agent_run_counts"
-            "  UNION ALL SELECT pool, tenant_id, state, error_code, n"
-            "  FROM agent_run_count_deltas) c"
-            " GROUP BY 1, 2, 3, 4 HAVING sum(n) <> 0 ORDER BY 1, 2, 3, 4"
-        ).fetchall()
-        counted = conn.execute(
-            "SELECT pool, tenant_id, state, error_code, count(*)::int FROM"
-            " (SELECT pool, tenant_id, runlease_counted_state(status, delayed) AS state,"
-            "         CASE WHEN status = 'dead' THEN coalesce(error_code, '') ELSE '' END"
-            "           AS error_code FROM agent_runs"
-            "  UNION ALL SELECT pool, tenant_id, 'total', '' FROM agent_runs) c"
-            " WHERE state <> '' GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4"
-        ).fetchall()
-    assert kept == counted
 
 
 def incarnations(url: str) -> dict[str, tuple[Any, ...]]:
