@@ -38,7 +38,11 @@ if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
     pytest.skip(why, allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402 - only once chromium is known to be there
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoAlertPresentException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -79,8 +83,13 @@ def browser() -> Iterator[WebDriver]:
 
 
 def wait(driver: WebDriver, what: str, check: Callable[[WebDriver], T]) -> T:
+    """Until `check` holds. The console re-renders live parts of a page while
+    a check reads them, so an element found a moment ago may be gone: that
+    is one more poll, not a failure (as an element not there yet is)."""
     try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(check)
+        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1,
+                             ignored_exceptions=(NoSuchElementException,
+                                                 StaleElementReferenceException)).until(check)
     except Exception as exc:
         raise AssertionError(f"waited {WAIT_S} s for {what}; page:\n"
                              f"{driver.find_element(By.TAG_NAME, 'body').text[:3000]}") from exc
