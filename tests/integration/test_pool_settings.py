@@ -116,6 +116,13 @@ HOSTILE_POOLS = [
     ({"tenant_priority": {"acme": {"min": -101, "max": 1}}}, "tenant_priority.acme.min"),
     ({"tenant_priority": {"acme": {"lo": 1}}}, "tenant_priority.acme.lo"),
     ({"tenant_priority": {"acme": 3}}, "tenant_priority.acme"),
+    # `service` is ignored, but only as the document says it (found by schemathesis: 0 for false).
+    ({"service": {"live_workers": 0, "claimable": False, "unserved": 0}}, "service.unserved"),
+    ({"service": {"live_workers": -1, "claimable": False, "unserved": False}},
+     "service.live_workers"),
+    ({"service": {"live_workers": 0, "claimable": False, "unserved": False, "x": 1}},
+     "service.x"),
+    ({"service": "served"}, "service"),
 ]
 
 

@@ -67,6 +67,15 @@ class PoolServiceOut(BaseModel):
                                        "pool: they wait until one starts.")
 
 
+class PoolServiceIn(Strict):
+    """`service` in a pool written back whole: checked as the document says
+    (the same members and types as GET answers), then ignored."""
+
+    live_workers: Annotated[int, Field(strict=True, ge=0), INTEGRAL]
+    claimable: StrictBool
+    unserved: StrictBool
+
+
 class PoolIn(Strict):
     """A pool's whole settings: a field left out takes its default (PUT
     replaces; `runlease pools upsert` reads the pool first and changes only
@@ -113,7 +122,7 @@ class PoolIn(Strict):
         default_factory=dict, max_length=10_000,
         description="Per-tenant quotas of waiting runs; tenants not named have the default.",
         json_schema_extra=_keys_are_tenants_quotas)
-    service: PoolServiceOut | None = Field(
+    service: PoolServiceIn | None = Field(
         None, description="Read-only (what GET answers): ignored, so that a pool read can be "
                           "written back whole, as clients that knew no such member do.")
 
