@@ -19,11 +19,10 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from runlease.clock import ManualClock
 from runlease.db.channels import CANCEL_CHANNEL, POOL_CHANNEL_PREFIX
@@ -39,6 +38,7 @@ from tests.support.old_schema import (
     counts_consistent,
     migrate_to,
     snapshot,
+    store_at,
 )
 from tests.support.waiting import until_sync
 
@@ -60,26 +60,6 @@ class OldCode(OldStatements):
     """The runlease of schema 0014, through its own statements."""
 
     folder = OLD
-
-    def enqueue(self, now: datetime, n: int, *, tenant: str = "acme", **extra: Any) -> list[UUID]:
-        runs = [
-            {
-                "ord": i,
-                "id": str(uuid4()),
-                "pool": "default",
-                "tenant_id": tenant,
-                "priority": 0,
-                "input_json": {"i": i},
-                "budget_json": {},
-                **extra,
-            }
-            for i in range(n)
-        ]
-        rows = self.run(
-            "run_enqueue", now, runs=Jsonb(runs), channel_prefix=POOL_CHANNEL_PREFIX, notify=False
-        )
-        assert len(rows) == n
-        return [UUID(r["id"]) for r in runs]
 
     def claim(self, now: datetime, worker: str, ids: list[UUID], lease_s: int) -> dict[UUID, int]:
         """Claims exactly `ids` (all that is claimable then): {id: epoch}."""
@@ -275,9 +255,8 @@ def upgraded(empty_db_url: str) -> Iterator[Upgraded]:
 async def new_store(upgraded: Upgraded) -> AsyncIterator[tuple[RunStore, ManualClock]]:
     """The new code's store, its clock at the instant of the old writes
     (the migration ran just after them)."""
-    clock = ManualClock(upgraded.fleet.now)
-    async with make_conn_pool(upgraded.url, max_size=4) as conn_pool:
-        yield RunStore(conn_pool, clock=clock), clock
+    async with store_at(upgraded.url, upgraded.fleet.now) as store_and_clock:
+        yield store_and_clock
 
 
 def test_no_run_is_lost_and_each_lease_is_carried_to_an_incarnation(

@@ -23,11 +23,9 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from psycopg.types.json import Jsonb
 
 from runlease.clock import ManualClock
 from runlease.db.channels import INBOX_CHANNEL, POOL_CHANNEL_PREFIX
-from runlease.db.connect import make_conn_pool
 from runlease.db.humans import InputRefused
 from runlease.db.migrate import migrate, migrations
 from runlease.db.models import Lease
@@ -40,6 +38,7 @@ from tests.support.old_schema import (
     counts_consistent,
     migrate_to,
     snapshot,
+    store_at,
 )
 
 OLD = FIXTURES / "schema_0018"
@@ -64,14 +63,6 @@ class OldCode(OldStatements):
         (row,) = self.run("worker_heartbeat", now, worker=worker, lease_s=LEASE_S,
                           runs_held=runs_held, stale_writes=0)
         assert row["expires_at"] is not None
-
-    def enqueue(self, now: datetime, n: int, *, tenant: str = "acme") -> list[UUID]:
-        runs = [{"ord": i, "id": str(uuid4()), "pool": "default", "tenant_id": tenant,
-                 "priority": 0, "input_json": {"i": i}, "budget_json": {}} for i in range(n)]
-        rows = self.run("run_enqueue", now, runs=Jsonb(runs),
-                        channel_prefix=POOL_CHANNEL_PREFIX, notify=False)
-        assert len(rows) == n
-        return [UUID(r["id"]) for r in runs]
 
     def claim(self, now: datetime, worker: str, ids: list[UUID]) -> dict[UUID, int]:
         """Claims exactly `ids` (all that is claimable then): {id: epoch}."""
@@ -155,9 +146,8 @@ def upgraded(empty_db_url: str) -> Iterator[Upgraded]:
 @pytest.fixture
 async def new_store(upgraded: Upgraded) -> AsyncIterator[tuple[RunStore, ManualClock]]:
     """The current store, its clock at the instant of the old writes."""
-    clock = ManualClock(upgraded.fleet.now)
-    async with make_conn_pool(upgraded.url, max_size=4) as conn_pool:
-        yield RunStore(conn_pool, clock=clock), clock
+    async with store_at(upgraded.url, upgraded.fleet.now) as store_and_clock:
+        yield store_and_clock
 
 
 def test_the_upgrade_changes_no_run(upgraded: Upgraded, db_url: str) -> None:

@@ -10,17 +10,24 @@ the head and the current code takes over.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
+from runlease.clock import ManualClock
 from runlease.db import queries
+from runlease.db.channels import POOL_CHANNEL_PREFIX
+from runlease.db.connect import make_conn_pool
 from runlease.db.migrate import FUNCTIONS_VERSION, migrations
+from runlease.db.store import RunStore
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -77,6 +84,26 @@ class OldStatements:
             **params: Any) -> list[dict[str, Any]]:
         cur = self.conn.execute(old_statements(self.folder)[statement], params | {"now": now})
         return cur.fetchall() if cur.description is not None else []
+
+    def enqueue(self, now: datetime, n: int, *, tenant: str = "acme", **extra: Any) -> list[UUID]:
+        """n runs of pool default, through run_enqueue (the same parameters
+        from schema 0014 to 0018): their ids."""
+        runs = [{"ord": i, "id": str(uuid4()), "pool": "default", "tenant_id": tenant,
+                 "priority": 0, "input_json": {"i": i}, "budget_json": {}, **extra}
+                for i in range(n)]
+        rows = self.run("run_enqueue", now, runs=Jsonb(runs),
+                        channel_prefix=POOL_CHANNEL_PREFIX, notify=False)
+        assert len(rows) == n
+        return [UUID(r["id"]) for r in runs]
+
+
+@asynccontextmanager
+async def store_at(url: str, now: datetime) -> AsyncIterator[tuple[RunStore, ManualClock]]:
+    """The current code's store on the upgraded database, its clock at the
+    instant of the old writes (the migration ran just after them)."""
+    clock = ManualClock(now)
+    async with make_conn_pool(url, max_size=4) as conn_pool:
+        yield RunStore(conn_pool, clock=clock), clock
 
 
 def snapshot(url: str) -> dict[UUID, tuple[Any, ...]]:

@@ -57,23 +57,16 @@ class TenantRate(Strict):
                                  INTEGRAL] | None = None
 
 
-class PoolServiceOut(BaseModel):
-    """Whether a pool is served, now (read-only)."""
+class PoolServiceOut(Strict):
+    """Whether a pool is served, now: read-only. GET answers it; a PUT that
+    writes a pool read back whole has it checked as documented, then ignored."""
 
-    live_workers: int = Field(description="Its workers alive now (registered, heartbeating).")
-    claimable: bool = Field(description="One of its runs could be claimed now (pending and "
-                                        "due; the pool not paused).")
-    unserved: bool = Field(description="Runs are claimable and no live worker serves the "
-                                       "pool: they wait until one starts.")
-
-
-class PoolServiceIn(Strict):
-    """`service` in a pool written back whole: checked as the document says
-    (the same members and types as GET answers), then ignored."""
-
-    live_workers: Annotated[int, Field(strict=True, ge=0), INTEGRAL]
-    claimable: StrictBool
-    unserved: StrictBool
+    live_workers: Annotated[int, Field(strict=True, ge=0), INTEGRAL] = Field(
+        description="Its workers alive now (registered, heartbeating).")
+    claimable: StrictBool = Field(description="One of its runs could be claimed now (pending "
+                                              "and due; the pool not paused).")
+    unserved: StrictBool = Field(description="Runs are claimable and no live worker serves the "
+                                             "pool: they wait until one starts.")
 
 
 class PoolIn(Strict):
@@ -122,7 +115,7 @@ class PoolIn(Strict):
         default_factory=dict, max_length=10_000,
         description="Per-tenant quotas of waiting runs; tenants not named have the default.",
         json_schema_extra=_keys_are_tenants_quotas)
-    service: PoolServiceIn | None = Field(
+    service: PoolServiceOut | None = Field(
         None, description="Read-only (what GET answers): ignored, so that a pool read can be "
                           "written back whole, as clients that knew no such member do.")
 
