@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import claim  # bench/claim.py: its spawned claimers import it by name too
 from benchlib import emit_json, fresh_database, machine, print_table, server, server_cpu_s
+from claim import STATS_STATES
 from throughput import TARGET_VS_PGQUEUER, drain_ours, note, run_peer, terminate_as_interrupt
 
 CLAIMERS = 2
@@ -58,7 +59,7 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def sql_layer(url: str, kind: str, batch: int, jobs: int) -> dict[str, Any]:
+def sql_layer(url: str, kind: str, batch: int, jobs: int, stats: str) -> dict[str, Any]:
     """Jobs/s and CPU per job of one bench/claim.py claimer kind."""
     # claim.measure loads the table first: the CPU is read around the
     # claimers only, so the load is not charged to them.
@@ -68,7 +69,7 @@ def sql_layer(url: str, kind: str, batch: int, jobs: int) -> dict[str, Any]:
         figures["client0"] = children_cpu_s()
         figures["server0"] = server_cpu_s(url)
 
-    rate = claim.measure(url, kind, CLAIMERS, batch, jobs, before_claim=on_start)
+    rate = claim.measure(url, kind, CLAIMERS, batch, jobs, stats=stats, before_claim=on_start)
     client = (children_cpu_s() - figures["client0"]) * 1000 / jobs
     server_now = server_cpu_s(url)
     server_ms = ((server_now - figures["server0"]) * 1000 / jobs
@@ -101,18 +102,20 @@ def bound(layer: dict[str, Any], cores: int) -> float | None:
     return round(cores * 1000 / (client + server_ms), 1)
 
 
-def collect(base: str | None, jobs: int, repeat: int, peers: bool) -> dict[str, Any]:
+def collect(base: str | None, jobs: int, repeat: int, peers: bool,
+            stats: str = "analyzed") -> dict[str, Any]:
     cores = os.cpu_count() or 1
-    figures: dict[str, Any] = {"jobs": jobs, "cores": cores, "machine": machine(),
-                               "rounds": []}
+    figures: dict[str, Any] = {"jobs": jobs, "cores": cores, "stats": stats,
+                               "machine": machine(), "rounds": []}
     with server(base) as url0, tempfile.TemporaryDirectory(prefix="runlease-ceiling-") as tmp:
         url = fresh_database(url0, "runlease_bench_ceiling")
         for i in range(repeat):
             layers: dict[str, Any] = {}
             for kind, batch in (("raw", 50), ("schema", 50), ("store", STORE_BATCH)):
-                layers[kind] = sql_layer(url, kind, batch, jobs)
+                layers[kind] = sql_layer(url, kind, batch, jobs, stats)
                 note(f"round {i + 1}: {kind} {layers[kind]['jobs_per_s']} jobs/s")
-            d = drain_ours(url, jobs, DRAIN_PROCESSES, DRAIN_CONCURRENCY, 600, Path(tmp))
+            d = drain_ours(url, jobs, DRAIN_PROCESSES, DRAIN_CONCURRENCY, 600, Path(tmp),
+                           stats=stats)
             layers["drain"] = {"jobs_per_s": d["drain_jobs_per_s"],
                                "client_cpu_ms_per_run": d["worker_cpu_ms_per_run"],
                                "server_cpu_ms_per_run": d["server_cpu_ms_per_run"]}
@@ -155,10 +158,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-peers", action="store_true", help="skip PgQueuer")
+    ap.add_argument("--stats", default="analyzed", choices=STATS_STATES,
+                    help="what the planner knows when each load lands (bench/claim.py); "
+                         "PgQueuer runs on its own freshly made tables either way")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     with terminate_as_interrupt():
-        figures = collect(args.database_url, args.jobs, args.repeat, not args.no_peers)
+        figures = collect(args.database_url, args.jobs, args.repeat, not args.no_peers,
+                          args.stats)
     figures["budget"] = budget(figures)
     if args.json:
         emit_json(figures)
@@ -168,7 +175,8 @@ def main() -> None:
         for name, f in layers.items():
             rows.append([i, name, f.get("jobs_per_s"), f.get("client_cpu_ms_per_run"),
                          f.get("server_cpu_ms_per_run"), f.get("cpu_bound_jobs_per_s")])
-    print(f"\n{figures['jobs']:,} no-op runs per layer, {figures['cores']} cores\n")
+    print(f"\n{figures['jobs']:,} no-op runs per layer, {figures['cores']} cores, "
+          f"statistics {figures['stats']}\n")
     print_table(["round", "layer", "jobs/s", "client ms/run", "server ms/run",
                  "cores / CPU per run"], rows)
     print("\nwhat 3x PgQueuer leaves per run (CPU of worker + server, ms):")
